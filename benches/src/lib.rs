@@ -1,0 +1,1 @@
+//! Placeholder: the benches issue fills this crate.

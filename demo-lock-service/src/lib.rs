@@ -1,1 +1,496 @@
-//! Placeholder: filled by its own issue.
+//! A demo HTTP lease service that issues durable, strictly increasing fencing tokens.
+//!
+//! Routes (JSON; durations in milliseconds, never wall-clock timestamps):
+//!
+//! | route | success | errors |
+//! |---|---|---|
+//! | `POST /v1/leases` `{"name","holder","ttl_ms"}` | 201 `{"lease_id","name","holder","token","ttl_ms"}` | 409 held by another (`holder`, `expires_in_ms`, `Retry-After`); 400 bad input; 413 body too large; 415 not JSON |
+//! | `POST /v1/leases/{lease_id}/keepalive` | 200 `{"lease_id","token","ttl_ms"}` (token unchanged) | 404 expired, released or unknown |
+//! | `DELETE /v1/leases/{lease_id}` | 204 | 404 |
+//! | `GET /v1/locks/{name}` | 200 `{"name","holder","token","expires_in_ms"}` | 404 free |
+//! | `GET /healthz` | 200 | |
+//!
+//! Every error body is an RFC 9457 `application/problem+json` object.
+//!
+//! * Expiry is decided on tokio's monotonic [`Instant`] (so tests can pause time).
+//! * Tokens come from one counter in a redb file; a grant (new counter value and the
+//!   lease record) is fsync'd before the grant is answered, so tokens never repeat or
+//!   go down, across restarts and `kill -9`.
+//! * Grants and releases are persisted; keepalives are not. On start-up every lease
+//!   found on disk is re-created with the same `lease_id`, token and holder, expiring
+//!   its full TTL after start-up, so a restart never hands a held lock to someone else
+//!   early. A lease that expired but was never released or replaced therefore blocks
+//!   its lock for one more TTL after a restart (conservative by design).
+//! * A holder that acquires a lock it already holds gets a new lease and a higher
+//!   token; its previous `lease_id` stops working.
+//!
+//! Start it in-process:
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use demo_lock_service::{Config, LockService};
+//! let service = LockService::open(Config::new("/tmp/locks"))?;
+//! let running = service.spawn("127.0.0.1:0".parse()?).await?;
+//! println!("lock service at {}", running.base_url());
+//! running.shutdown().await?;
+//! # Ok(()) }
+//! ```
+
+mod http;
+mod store;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use store::{Store, StoreError};
+
+/// Longest accepted lock name or holder, in bytes (UTF-8).
+pub const MAX_NAME_BYTES: usize = 256;
+/// Largest accepted request body, in bytes; a larger body gets 413.
+pub const MAX_BODY_BYTES: usize = 4096;
+/// Default longest TTL a client may ask for: one hour.
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(3600);
+
+/// Configuration of a [`LockService`].
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Directory holding the durable state (`locks.redb`); created if missing.
+    pub data_dir: PathBuf,
+    /// Longest TTL a client may ask for; longer requests get 400.
+    pub max_ttl: Duration,
+}
+
+impl Config {
+    /// A configuration with the given data directory and the default maximum TTL.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Config { data_dir: data_dir.into(), max_ttl: DEFAULT_MAX_TTL }
+    }
+
+    /// Sets the longest TTL a client may ask for.
+    pub fn with_max_ttl(mut self, max_ttl: Duration) -> Self {
+        self.max_ttl = max_ttl;
+        self
+    }
+}
+
+/// A successful acquisition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The capability to keep alive or release this lease (32 hex characters, 128 random bits).
+    pub lease_id: String,
+    /// The lock's name.
+    pub name: String,
+    /// Who holds it.
+    pub holder: String,
+    /// The fencing token: higher than every token issued before.
+    pub token: u64,
+    /// The lease's time to live.
+    pub ttl: Duration,
+}
+
+/// A successful keepalive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewal {
+    /// The lease renewed.
+    pub lease_id: String,
+    /// Its token (unchanged by renewals).
+    pub token: u64,
+    /// Its TTL; the lease now expires this long after the renewal was handled.
+    pub ttl: Duration,
+}
+
+/// The public view of a held lock (no `lease_id`: that is the holder's capability).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockStatus {
+    /// The lock's name.
+    pub name: String,
+    /// Who holds it.
+    pub holder: String,
+    /// The token of the current grant.
+    pub token: u64,
+    /// Time left until the lease expires unless renewed.
+    pub expires_in: Duration,
+}
+
+/// Why an acquisition failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AcquireError {
+    /// The request is invalid (empty or too long name/holder, bad TTL, ...).
+    Invalid(String),
+    /// Another holder has a live lease on the lock.
+    Held {
+        /// The current holder.
+        holder: String,
+        /// Time left on its lease.
+        expires_in: Duration,
+    },
+    /// The durable store failed or the token counter is exhausted; nothing was granted.
+    Unavailable(String),
+}
+
+impl fmt::Display for AcquireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AcquireError::Invalid(d) => write!(f, "invalid request: {d}"),
+            AcquireError::Held { holder, expires_in } => {
+                write!(f, "held by {holder:?} for another {expires_in:?}")
+            }
+            AcquireError::Unavailable(d) => write!(f, "unavailable: {d}"),
+        }
+    }
+}
+
+impl std::error::Error for AcquireError {}
+
+/// Why [`LockService::open`] failed.
+#[derive(Debug)]
+pub struct OpenError(String);
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot open the lock service store: {}", self.0)
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// A storage failure while releasing; the lease may or may not still be recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageError(String);
+
+impl fmt::Display for StorageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "storage error: {}", self.0)
+    }
+}
+
+impl std::error::Error for StorageError {}
+
+/// A live lease in memory.
+#[derive(Debug)]
+struct Live {
+    lease_id: String,
+    holder: String,
+    token: u64,
+    ttl: Duration,
+    expires: Instant,
+}
+
+/// The in-memory lock table. Only ever locked for short, await-free sections.
+#[derive(Debug, Default)]
+struct Table {
+    /// lock name → its current (possibly expired) lease.
+    by_name: HashMap<String, Live>,
+    /// lease id → lock name.
+    by_id: HashMap<String, String>,
+}
+
+impl Table {
+    fn insert(&mut self, name: String, live: Live) {
+        self.by_id.insert(live.lease_id.clone(), name.clone());
+        if let Some(old) = self.by_name.insert(name, live) {
+            self.by_id.remove(&old.lease_id);
+        }
+    }
+
+    fn remove_by_id(&mut self, lease_id: &str) -> Option<(String, Live)> {
+        let name = self.by_id.remove(lease_id)?;
+        let live = self.by_name.remove(&name)?;
+        Some((name, live))
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: Config,
+    /// Serialises every change of ownership (grant, release): holding it, the
+    /// "is the lock free?" decision stays true until the grant is recorded.
+    /// Only ever locked on a blocking thread, never across an `.await`.
+    writer: Mutex<Store>,
+    table: Mutex<Table>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The protected sections leave the data consistent at every step, so a
+    // panic elsewhere does not make the state unusable.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The lock service: a cheap, cloneable handle to shared state.
+#[derive(Debug, Clone)]
+pub struct LockService {
+    inner: Arc<Inner>,
+}
+
+impl LockService {
+    /// Opens the store in `config.data_dir` and restores the leases recorded there,
+    /// each expiring its full TTL after now. Fails if another `LockService` (in this
+    /// or another process) has the same data directory open.
+    pub fn open(config: Config) -> Result<Self, OpenError> {
+        let loaded = Store::open(&config.data_dir).map_err(|e| OpenError(e.to_string()))?;
+        let now = Instant::now();
+        let mut table = Table::default();
+        for (name, lease) in loaded.leases {
+            let ttl = Duration::from_millis(lease.ttl_ms);
+            tracing::info!(
+                name,
+                holder = lease.holder,
+                token = lease.token,
+                ttl_ms = lease.ttl_ms,
+                "restored lease"
+            );
+            table.insert(
+                name,
+                Live {
+                    lease_id: lease.lease_id,
+                    holder: lease.holder,
+                    token: lease.token,
+                    ttl,
+                    expires: now + ttl,
+                },
+            );
+        }
+        Ok(LockService {
+            inner: Arc::new(Inner { config, writer: Mutex::new(loaded.store), table: Mutex::new(table) }),
+        })
+    }
+
+    /// The configuration the service was opened with.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// Acquires lock `name` for `holder` for `ttl`.
+    ///
+    /// Succeeds if the lock is free, its lease has expired, or `holder` already holds
+    /// it (then the old lease is replaced). The token is durably recorded before this
+    /// returns. Concurrent calls for the same free lock: exactly one succeeds.
+    pub async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, AcquireError> {
+        self.validate(name, holder, ttl)?;
+        let now = Instant::now();
+        let inner = Arc::clone(&self.inner);
+        let (name, holder) = (name.to_owned(), holder.to_owned());
+        // A blocking task runs to completion even if the caller goes away, so memory
+        // and disk never disagree about a grant that was committed.
+        tokio::task::spawn_blocking(move || inner.acquire_blocking(now, name, holder, ttl))
+            .await
+            .map_err(|e| AcquireError::Unavailable(e.to_string()))?
+    }
+
+    fn validate(&self, name: &str, holder: &str, ttl: Duration) -> Result<(), AcquireError> {
+        check_text("name", name)?;
+        check_text("holder", holder)?;
+        let max = self.inner.config.max_ttl;
+        if ttl.is_zero() || ttl > max {
+            return Err(AcquireError::Invalid(format!("ttl_ms must be between 1 and {}", max.as_millis())));
+        }
+        Ok(())
+    }
+
+    /// Renews lease `lease_id`: it now expires its TTL from now. `None` if the lease
+    /// is expired, released, replaced or unknown. No disk I/O.
+    pub fn keepalive(&self, lease_id: &str) -> Option<Renewal> {
+        let now = Instant::now();
+        let mut table = lock(&self.inner.table);
+        let name = table.by_id.get(lease_id)?.clone();
+        let live = table.by_name.get_mut(&name)?;
+        if live.lease_id != lease_id || live.expires <= now {
+            return None;
+        }
+        live.expires = now + live.ttl;
+        Some(Renewal { lease_id: live.lease_id.clone(), token: live.token, ttl: live.ttl })
+    }
+
+    /// Releases lease `lease_id` (durably). `Ok(true)` if it was live and is now
+    /// released; `Ok(false)` if it was expired, released, replaced or unknown (an
+    /// expired lease's record is cleaned up all the same).
+    pub async fn release(&self, lease_id: &str) -> Result<bool, StorageError> {
+        let now = Instant::now();
+        let inner = Arc::clone(&self.inner);
+        let lease_id = lease_id.to_owned();
+        tokio::task::spawn_blocking(move || inner.release_blocking(now, &lease_id))
+            .await
+            .map_err(|e| StorageError(e.to_string()))?
+    }
+
+    /// The current holder of lock `name`, or `None` if it is free.
+    pub fn lock_status(&self, name: &str) -> Option<LockStatus> {
+        let now = Instant::now();
+        let table = lock(&self.inner.table);
+        let live = table.by_name.get(name)?;
+        if live.expires <= now {
+            return None;
+        }
+        Some(LockStatus {
+            name: name.to_owned(),
+            holder: live.holder.clone(),
+            token: live.token,
+            expires_in: live.expires - now,
+        })
+    }
+
+    /// The HTTP routes of the service (see the crate docs).
+    pub fn router(&self) -> axum::Router {
+        http::router(self.clone())
+    }
+
+    /// Serves the routes on `listener` until `shutdown` completes, then waits for
+    /// open connections to finish.
+    pub async fn serve<F>(&self, listener: TcpListener, shutdown: F) -> std::io::Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await
+    }
+
+    /// Binds `addr` (use `127.0.0.1:0` for a free port) and serves in a background
+    /// task. This handle is consumed: once the returned [`RunningService`] is shut
+    /// down, the store is closed and the data directory can be opened again.
+    pub async fn spawn(self, addr: SocketAddr) -> std::io::Result<RunningService> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            self.serve(listener, async {
+                let _ = rx.await;
+            })
+            .await
+        });
+        tracing::info!(%addr, "lock service listening");
+        Ok(RunningService { addr, shutdown: Some(tx), task })
+    }
+}
+
+impl Inner {
+    fn acquire_blocking(
+        &self,
+        now: Instant,
+        name: String,
+        holder: String,
+        ttl: Duration,
+    ) -> Result<Grant, AcquireError> {
+        let store = lock(&self.writer);
+        {
+            let table = lock(&self.table);
+            if let Some(cur) = table.by_name.get(&name)
+                && cur.expires > now
+                && cur.holder != holder
+            {
+                return Err(AcquireError::Held { holder: cur.holder.clone(), expires_in: cur.expires - now });
+            }
+        }
+        // Nothing else can grant or release while `store` is locked, so the lock is
+        // still ours to grant.
+        let lease_id = new_lease_id().map_err(AcquireError::Unavailable)?;
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let token = store.grant(&name, &lease_id, &holder, ttl_ms).map_err(|e| {
+            tracing::error!(error = %e, name, "grant not recorded");
+            match e {
+                StoreError::Exhausted => AcquireError::Unavailable(e.to_string()),
+                StoreError::Db(d) => AcquireError::Unavailable(d),
+            }
+        })?;
+        lock(&self.table).insert(
+            name.clone(),
+            Live { lease_id: lease_id.clone(), holder: holder.clone(), token, ttl, expires: now + ttl },
+        );
+        drop(store);
+        tracing::info!(name, holder, token, ttl_ms, "granted");
+        Ok(Grant { lease_id, name, holder, token, ttl })
+    }
+
+    fn release_blocking(&self, now: Instant, lease_id: &str) -> Result<bool, StorageError> {
+        let store = lock(&self.writer);
+        let (name, live) = {
+            let table = lock(&self.table);
+            let Some(name) = table.by_id.get(lease_id) else {
+                return Ok(false);
+            };
+            let Some(live) = table.by_name.get(name) else {
+                return Ok(false);
+            };
+            (name.clone(), live.expires > now)
+        };
+        store.remove(&name).map_err(|e| StorageError(e.to_string()))?;
+        lock(&self.table).remove_by_id(lease_id);
+        drop(store);
+        tracing::info!(name, live, "released");
+        Ok(live)
+    }
+}
+
+/// A service started by [`LockService::spawn`].
+#[derive(Debug)]
+pub struct RunningService {
+    addr: SocketAddr,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningService {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, without a trailing slash.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting connections, waits for open ones to finish and closes the store.
+    pub async fn shutdown(mut self) -> std::io::Result<()> {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        match (&mut self.task).await {
+            Ok(r) => r,
+            Err(e) => Err(std::io::Error::other(e)),
+        }
+    }
+}
+
+impl Drop for RunningService {
+    fn drop(&mut self) {
+        // Dropped without `shutdown`: stop serving at once.
+        self.task.abort();
+    }
+}
+
+fn check_text(field: &str, value: &str) -> Result<(), AcquireError> {
+    if value.is_empty() {
+        return Err(AcquireError::Invalid(format!("{field} must not be empty")));
+    }
+    if value.len() > MAX_NAME_BYTES {
+        return Err(AcquireError::Invalid(format!("{field} must be at most {MAX_NAME_BYTES} bytes")));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(AcquireError::Invalid(format!("{field} must not contain control characters")));
+    }
+    Ok(())
+}
+
+/// 128 random bits from the OS, as 32 lowercase hex characters.
+fn new_lease_id() -> Result<String, String> {
+    let mut bytes = [0u8; 16];
+    getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for a lease id: {e}"))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Milliseconds in `d`, rounded up (so a live lease never shows 0).
+pub(crate) fn ceil_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,286 @@
+//! The HTTP surface: routes, strict extractors, RFC 9457 problem responses.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+
+use crate::{AcquireError, LockService, MAX_BODY_BYTES, ceil_ms};
+
+/// The prefix of every problem `type` URI this service emits.
+const PROBLEM_TYPE_PREFIX: &str = "urn:fencing:problem:";
+
+pub(crate) fn router(service: LockService) -> Router {
+    Router::new()
+        .route("/v1/leases", post(acquire))
+        .route("/v1/leases/{lease_id}/keepalive", post(keepalive))
+        .route("/v1/leases/{lease_id}", delete(release))
+        .route("/v1/locks/{name}", get(lock_status))
+        .route("/healthz", get(healthz))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(service)
+}
+
+/// An RFC 9457 problem details response.
+#[derive(Debug)]
+pub(crate) struct Problem {
+    status: StatusCode,
+    kind: &'static str,
+    title: &'static str,
+    detail: String,
+    extra: Map<String, Value>,
+    retry_after_secs: Option<u64>,
+}
+
+impl Problem {
+    fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: String) -> Self {
+        Problem { status, kind, title, detail, extra: Map::new(), retry_after_secs: None }
+    }
+
+    fn bad_request(detail: impl Into<String>) -> Self {
+        Problem::new(StatusCode::BAD_REQUEST, "bad-request", "Bad request", detail.into())
+    }
+
+    fn lease_not_found() -> Self {
+        Problem::new(
+            StatusCode::NOT_FOUND,
+            "lease-not-found",
+            "Lease not found",
+            "the lease is expired, released or unknown".into(),
+        )
+    }
+
+    fn unavailable(detail: String) -> Self {
+        let mut p =
+            Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable", detail);
+        p.retry_after_secs = Some(1);
+        p
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let mut body = Map::new();
+        body.insert("type".into(), Value::String(format!("{PROBLEM_TYPE_PREFIX}{}", self.kind)));
+        body.insert("title".into(), Value::String(self.title.into()));
+        body.insert("status".into(), Value::from(self.status.as_u16()));
+        body.insert("detail".into(), Value::String(self.detail));
+        body.extend(self.extra);
+        let mut response = (self.status, Value::Object(body).to_string()).into_response();
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(secs) = self.retry_after_secs {
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+fn json_response(status: StatusCode, value: Value) -> Response {
+    let mut response = (status, value.to_string()).into_response();
+    response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+/// A JSON object body: `Content-Type: application/json` (or `...+json`) required (else 415),
+/// at most [`MAX_BODY_BYTES`] (else 413), and valid for `T` (else 400).
+struct StrictJson<T>(T);
+
+impl<S, T> FromRequest<S> for StrictJson<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = Problem;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Problem> {
+        let too_large = || {
+            Problem::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                format!("the body must be at most {MAX_BODY_BYTES} bytes"),
+            )
+        };
+        if !is_json(req.headers().get(CONTENT_TYPE)) {
+            return Err(Problem::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+                "the body must be JSON, sent with Content-Type: application/json".into(),
+            ));
+        }
+        if let Some(len) = req.headers().get(CONTENT_LENGTH)
+            && len
+                .to_str()
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .is_some_and(|n| n > MAX_BODY_BYTES as u64)
+        {
+            return Err(too_large());
+        }
+        let body: Body = req.into_body();
+        let bytes: Bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+            Ok(collected) => collected.to_bytes(),
+            Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large()),
+            Err(e) => {
+                return Err(Problem::bad_request(format!("failed to read the request body: {e}")));
+            }
+        };
+        let value: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| Problem::bad_request(format!("invalid JSON body: {e}")))?;
+        if !value.is_object() {
+            // serde would also accept a struct written as an array.
+            return Err(Problem::bad_request("the body must be a JSON object"));
+        }
+        serde_json::from_value(value)
+            .map(StrictJson)
+            .map_err(|e| Problem::bad_request(format!("invalid request: {e}")))
+    }
+}
+
+fn is_json(content_type: Option<&HeaderValue>) -> bool {
+    let Some(essence) = content_type.and_then(|v| v.to_str().ok()).and_then(|s| s.split(';').next()) else {
+        return false;
+    };
+    let essence = essence.trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// A path parameter whose rejection is a problem response.
+struct ApiPath<T>(T);
+
+impl<S, T> FromRequestParts<S> for ApiPath<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned + Send,
+{
+    type Rejection = Problem;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(v)) => Ok(ApiPath(v)),
+            Err(e) => Err(Problem::bad_request(e.body_text())),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AcquireBody {
+    name: String,
+    holder: String,
+    ttl_ms: u64,
+}
+
+async fn acquire(State(service): State<LockService>, StrictJson(body): StrictJson<AcquireBody>) -> Response {
+    match service.acquire(&body.name, &body.holder, Duration::from_millis(body.ttl_ms)).await {
+        Ok(grant) => {
+            let mut response = json_response(
+                StatusCode::CREATED,
+                json!({
+                    "lease_id": grant.lease_id,
+                    "name": grant.name,
+                    "holder": grant.holder,
+                    "token": grant.token,
+                    "ttl_ms": body.ttl_ms,
+                }),
+            );
+            if let Ok(location) = HeaderValue::from_str(&format!("/v1/leases/{}", grant.lease_id)) {
+                response.headers_mut().insert(LOCATION, location);
+            }
+            response
+        }
+        Err(AcquireError::Invalid(detail)) => Problem::bad_request(detail).into_response(),
+        Err(AcquireError::Held { holder, expires_in }) => {
+            let expires_in_ms = ceil_ms(expires_in);
+            let mut p = Problem::new(
+                StatusCode::CONFLICT,
+                "lock-held",
+                "Lock held by another holder",
+                format!("lock {:?} is held by {holder:?} for another {expires_in_ms} ms", body.name),
+            );
+            p.extra.insert("holder".into(), Value::String(holder));
+            p.extra.insert("expires_in_ms".into(), Value::from(expires_in_ms));
+            p.retry_after_secs = Some(expires_in_ms.div_ceil(1000));
+            p.into_response()
+        }
+        Err(AcquireError::Unavailable(detail)) => Problem::unavailable(detail).into_response(),
+    }
+}
+
+async fn keepalive(State(service): State<LockService>, ApiPath(lease_id): ApiPath<String>) -> Response {
+    match service.keepalive(&lease_id) {
+        Some(r) => json_response(
+            StatusCode::OK,
+            json!({
+                "lease_id": r.lease_id,
+                "token": r.token,
+                "ttl_ms": ceil_ms(r.ttl),
+            }),
+        ),
+        None => Problem::lease_not_found().into_response(),
+    }
+}
+
+async fn release(State(service): State<LockService>, ApiPath(lease_id): ApiPath<String>) -> Response {
+    match service.release(&lease_id).await {
+        Ok(true) => StatusCode::NO_CONTENT.into_response(),
+        Ok(false) => Problem::lease_not_found().into_response(),
+        Err(e) => Problem::unavailable(e.to_string()).into_response(),
+    }
+}
+
+async fn lock_status(State(service): State<LockService>, ApiPath(name): ApiPath<String>) -> Response {
+    match service.lock_status(&name) {
+        Some(s) => json_response(
+            StatusCode::OK,
+            json!({
+                "name": s.name,
+                "holder": s.holder,
+                "token": s.token,
+                "expires_in_ms": ceil_ms(s.expires_in),
+            }),
+        ),
+        None => Problem::new(
+            StatusCode::NOT_FOUND,
+            "lock-free",
+            "Lock is free",
+            format!("lock {name:?} is not held"),
+        )
+        .into_response(),
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn not_found(req: Request) -> Problem {
+    Problem::new(
+        StatusCode::NOT_FOUND,
+        "not-found",
+        "Not found",
+        format!("no route for {}", req.uri().path()),
+    )
+}
+
+async fn method_not_allowed(req: Request) -> Problem {
+    Problem::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "Method not allowed",
+        format!("{} is not allowed on {}", req.method(), req.uri().path()),
+    )
+}

@@ -1,1 +1,160 @@
-//! x
+//! Fencing tokens for any tower or axum service.
+//!
+//! A distributed lock is a lease, and a lease can run out while its holder is
+//! paused (a GC pause, SIGSTOP, a VM migration, a slow network write). The
+//! holder wakes, still believes it holds the lock, and writes after the new
+//! holder. Only the resource can refuse that write: every grant carries a
+//! strictly increasing *fencing token*, and the resource rejects requests whose
+//! token is lower than the highest it has seen for that resource.
+//!
+//! [`FencingLayer`] makes any service such a resource.
+//!
+//! # Wrapping an existing axum router
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use fencing_layer::FencingLayer;
+//!
+//! async fn append(body: String) -> String {
+//!     body
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/logs/{name}", post(append))
+//!     // `route_layer`, so unknown paths get 404 without touching the key table.
+//!     .route_layer(FencingLayer::new());
+//! # let _ = app;
+//! ```
+//!
+//! `POST /logs/billing` with `Fencing-Token: 7` is admitted and raises the mark
+//! of `/logs/billing` to 7; a later request with token 6 gets 409, with token 7
+//! or more it is admitted. `GET` passes through.
+//!
+//! # The contract
+//!
+//! | request | response |
+//! |---|---|
+//! | method not fenced (GET, HEAD, OPTIONS, TRACE) | passes through |
+//! | no `Fencing-Token` header | 428 (or passes through with [`FencingLayer::allow_unfenced`]) |
+//! | header repeated, empty, or not a canonical decimal `u64` | 400 |
+//! | no resource key | 400 |
+//! | token < highest seen for the key | 409; the body names both tokens |
+//! | token == highest seen | admitted |
+//! | token > highest seen | the mark rises at once; admitted once no lower-token request for the key is inside the inner service |
+//! | that drain outlasts [`FencingLayer::drain_timeout`] | 503 with `Retry-After`; the mark stays raised |
+//! | a new key while the key table is full | 503; marks are never evicted |
+//! | the durable log cannot record a raise | 503; nothing admitted |
+//!
+//! Rejections are [RFC 9457] `application/problem+json` responses
+//! ([`ProblemJson`]), replaceable through [`FencingLayer::on_rejection`]; the
+//! typed [`Rejection`] is also in the response's extensions.
+//!
+//! Two guarantees hold per key. **Monotonic admission**: the tokens of admitted
+//! requests, in order of admission, never decrease. **No overlap across
+//! holders**: while a request with token *t* is inside the inner service (until
+//! its response future completes or is dropped), no request with a higher token
+//! is. A check before the handler alone would not give this: a stale request
+//! could pass the check, stall inside the handler and write after the newer
+//! holder. With [`InFlightPolicy::Cancel`] the newer holder does not wait: the
+//! older requests' futures are dropped and answered 409.
+//!
+//! [RFC 9457]: https://www.rfc-editor.org/rfc/rfc9457
+//!
+//! # Choosing the key
+//!
+//! The default key is the percent-decoded request path. [`HeaderKey`],
+//! [`GlobalKey`] and any closure are the alternatives:
+//!
+//! ```
+//! use axum::{Router, body::Body, routing::put};
+//! use fencing_layer::{FencingLayer, GlobalKey};
+//! use http::Request;
+//!
+//! // Every account's ledger is one resource, whatever the path below it.
+//! let per_account = FencingLayer::new().key_extractor(|request: &Request<Body>| {
+//!     let account = request.uri().path().strip_prefix("/accounts/")?.split('/').next()?;
+//!     Some(format!("account:{account}"))
+//! });
+//! // The whole service is one resource, as with a single leader lease.
+//! let whole_service = FencingLayer::new().key_extractor(GlobalKey);
+//!
+//! let app: Router = Router::new()
+//!     .route("/accounts/{id}/ledger", put(|| async {}))
+//!     .route_layer(per_account);
+//! # let _ = (app, whole_service);
+//! ```
+//!
+//! # Reading the token in a handler
+//!
+//! The validated token is in the request extensions, so the handler can pass it
+//! on to a store that checks it again (`UPDATE … WHERE fence <= $token`):
+//!
+//! ```
+//! use axum::{Extension, Router, routing::post};
+//! use fencing_layer::{FencingLayer, FencingToken};
+//!
+//! async fn write(Extension(token): Extension<FencingToken>, body: String) -> String {
+//!     format!("wrote {} bytes under token {token}", body.len())
+//! }
+//!
+//! let app: Router = Router::new().route("/kv/{key}", post(write)).route_layer(FencingLayer::new());
+//! # let _ = app;
+//! ```
+//!
+//! With the `axum` feature, `FencingToken` is itself an extractor (and
+//! `Option<FencingToken>` for routes that also serve unfenced requests).
+//!
+//! # Durable marks
+//!
+//! By default marks live in memory and a restart forgets them. With the `redb`
+//! feature, [`MarkStore::open`] keeps them in a file: a raise is fsync'd before
+//! the raising request is admitted, requests with an already-recorded token do
+//! no disk I/O, and a restart never lowers a mark.
+//!
+//! ```
+//! # #[cfg(feature = "redb")] {
+//! use fencing_layer::{FencingLayer, MarkStore};
+//!
+//! let dir = tempfile::tempdir().unwrap();
+//! let store = MarkStore::open(dir.path().join("marks.redb")).unwrap();
+//! let layer = FencingLayer::new().store(store.clone());
+//! # let _ = layer;
+//! # }
+//! ```
+//!
+//! Any storage can hold marks by implementing [`MarkLog`].
+//!
+//! # Cargo features
+//!
+//! - `axum`: [`FencingToken`] as an extractor; `PathParamKey`, keying by one path parameter.
+//! - `redb`: [`RedbMarkLog`] and [`MarkStore::open`].
+//!
+//! The crate needs a tokio runtime with the time driver (as `#[tokio::main]`
+//! gives) for the drain timeout.
+
+#![deny(missing_docs, unsafe_code, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "axum")]
+mod axum;
+mod future;
+mod key;
+mod layer;
+mod rejection;
+mod respond;
+mod service;
+mod store;
+mod token;
+
+#[cfg(feature = "axum")]
+pub use crate::axum::{MissingFencingToken, PathParamKey};
+pub use crate::future::ResponseFuture;
+pub use crate::key::{GlobalKey, HeaderKey, KeyExtractor, PathKey};
+pub use crate::layer::{DEFAULT_DRAIN_TIMEOUT, FENCING_TOKEN, FencingLayer, InFlightPolicy};
+pub use crate::rejection::Rejection;
+pub use crate::respond::{PROBLEM_TYPE_PREFIX, ProblemJson, RejectionResponder};
+pub use crate::service::Fencing;
+#[cfg(feature = "redb")]
+pub use crate::store::RedbMarkLog;
+pub use crate::store::{DEFAULT_MAX_KEYS, MarkLog, MarkStore, MarkStoreBuilder, StoreError};
+pub use crate::token::{FencingToken, TokenError};

@@ -1,0 +1,319 @@
+//! [`ResponseFuture`]: the inner call, or the wait before it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tokio::sync::futures::OwnedNotified;
+use tokio::sync::oneshot;
+use tokio::time::Sleep;
+use tower_service::Service;
+
+use crate::layer::Shared;
+use crate::rejection::Rejection;
+use crate::respond::RejectionResponder;
+use crate::service::respond;
+use crate::store::StoreError;
+use crate::store::admission::{Admission, InsideGuard, KeyState};
+use crate::token::FencingToken;
+
+pin_project! {
+    /// Response future of [`Fencing`](crate::Fencing).
+    pub struct ResponseFuture<S, B, E, R>
+    where
+        S: Service<Request<B>>,
+    {
+        #[pin]
+        kind: Kind<S, B, E, R>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    #[project_replace = KindReplace]
+    enum Kind<S, B, E, R>
+    where
+        S: Service<Request<B>>,
+    {
+        // Admitted (or unfenced): the inner future, and the place it holds.
+        Inside {
+            #[pin]
+            future: S::Future,
+            guard: Option<InsideGuard>,
+        },
+        // Admitted under the cancel policy: dropped as soon as a higher token arrives.
+        // Field order matters: the inner future is dropped before the guard lets the
+        // next holder in.
+        Watched {
+            #[pin]
+            future: S::Future,
+            #[pin]
+            overtaken: OwnedNotified,
+            guard: InsideGuard,
+            watch: Watch<E, R>,
+        },
+        // Waiting for lower tokens to drain, or for the log to record a raise.
+        Admitting {
+            #[pin]
+            wake: Wake,
+            #[pin]
+            deadline: Sleep,
+            pending: Pending<S, B, E, R>,
+        },
+        Rejected {
+            response: Option<S::Response>,
+        },
+        Finished,
+    }
+}
+
+pin_project! {
+    #[project = WakeProj]
+    enum Wake {
+        Notified { #[pin] notified: OwnedNotified },
+        Recorded { reply: oneshot::Receiver<Result<(), StoreError>> },
+    }
+}
+
+/// What a watched request needs to describe its own cancellation.
+struct Watch<E, R> {
+    key: String,
+    token: FencingToken,
+    shared: Arc<Shared<E, R>>,
+}
+
+/// A request that is not inside yet, with the readied service that will take it.
+struct Pending<S, B, E, R> {
+    inner: S,
+    request: Request<B>,
+    token: FencingToken,
+    key: String,
+    state: Arc<KeyState>,
+    shared: Arc<Shared<E, R>>,
+}
+
+impl<S, B, E, R, ResBody> ResponseFuture<S, B, E, R>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    R: RejectionResponder<ResBody>,
+{
+    pub(crate) fn unfenced(future: S::Future) -> Self {
+        Self::from(Kind::Inside { future, guard: None })
+    }
+
+    pub(crate) fn rejected(shared: &Shared<E, R>, rejection: Rejection) -> Self {
+        Self::from(Kind::rejected(shared, rejection))
+    }
+
+    /// Calls `inner` with a request that [`Admission::Enter`] let in. `key` is
+    /// given when the cancel policy is on.
+    pub(crate) fn enter(
+        inner: &mut S,
+        request: Request<B>,
+        token: FencingToken,
+        key: Option<String>,
+        state: Arc<KeyState>,
+        shared: &Arc<Shared<E, R>>,
+    ) -> Self {
+        Self::from(Kind::enter(inner, request, token, key, state, shared))
+    }
+
+    /// Waits as `admission` (a wait or a record) says, then tries again.
+    pub(crate) fn admitting(
+        admission: Admission,
+        inner: S,
+        request: Request<B>,
+        token: FencingToken,
+        key: String,
+        state: Arc<KeyState>,
+        shared: &Arc<Shared<E, R>>,
+    ) -> Self {
+        let deadline = tokio::time::sleep(shared.config.drain_timeout);
+        let pending = Pending { inner, request, token, key, state, shared: Arc::clone(shared) };
+        let wake = match admission {
+            Admission::Wait(notified) => Wake::Notified { notified },
+            Admission::Record => pending.record(),
+            Admission::Enter | Admission::Stale { .. } => {
+                unreachable!("enter and stale are answered in `call`")
+            }
+        };
+        Self::from(Kind::Admitting { wake, deadline, pending })
+    }
+}
+
+impl<S, B, E, R> From<Kind<S, B, E, R>> for ResponseFuture<S, B, E, R>
+where
+    S: Service<Request<B>>,
+{
+    fn from(kind: Kind<S, B, E, R>) -> Self {
+        Self { kind }
+    }
+}
+
+impl<S, B, E, R, ResBody> Kind<S, B, E, R>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    R: RejectionResponder<ResBody>,
+{
+    fn rejected(shared: &Shared<E, R>, rejection: Rejection) -> Self {
+        Self::Rejected { response: Some(respond(&shared.responder, rejection)) }
+    }
+
+    fn enter(
+        inner: &mut S,
+        mut request: Request<B>,
+        token: FencingToken,
+        key: Option<String>,
+        state: Arc<KeyState>,
+        shared: &Arc<Shared<E, R>>,
+    ) -> Self {
+        let guard = InsideGuard::new(state);
+        request.extensions_mut().insert(token);
+        let Some(key) = key else {
+            return Self::Inside { future: inner.call(request), guard: Some(guard) };
+        };
+        match guard.state().watch(token.get()) {
+            Ok(overtaken) => Self::Watched {
+                future: inner.call(request),
+                overtaken,
+                guard,
+                watch: Watch { key, token, shared: Arc::clone(shared) },
+            },
+            // Overtaken between admission and now: it never reached the inner service.
+            Err(highest) => {
+                drop(guard);
+                Self::rejected(shared, Rejection::Stale { key, presented: token.get(), highest })
+            }
+        }
+    }
+}
+
+impl<S, B, E, R> Pending<S, B, E, R> {
+    fn record(&self) -> Wake {
+        let reply = self.shared.config.store.record(&self.key, self.token.get(), &self.state);
+        Wake::Recorded { reply }
+    }
+
+    fn rejection_stale(self, highest: u64) -> Rejection {
+        Rejection::Stale { key: self.key, presented: self.token.get(), highest }
+    }
+}
+
+impl<S, B, E, R, ResBody> Future for ResponseFuture<S, B, E, R>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    R: RejectionResponder<ResBody>,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut kind = self.project().kind;
+        loop {
+            match kind.as_mut().project() {
+                KindProj::Inside { future, .. } => {
+                    let output = ready!(future.poll(cx));
+                    // Leave the inner service as soon as it is done, not when this future is dropped.
+                    kind.set(Kind::Finished);
+                    return Poll::Ready(output);
+                }
+                KindProj::Watched { future, mut overtaken, guard, watch } => {
+                    while overtaken.as_mut().poll(cx).is_ready() {
+                        match guard.state().watch(watch.token.get()) {
+                            Ok(next) => overtaken.set(next),
+                            Err(highest) => {
+                                let KindReplace::Watched { watch, .. } = kind.project_replace(Kind::Finished)
+                                else {
+                                    unreachable!("matched Watched above")
+                                };
+                                let rejection = Rejection::Cancelled {
+                                    key: watch.key,
+                                    presented: watch.token.get(),
+                                    highest,
+                                };
+                                return Poll::Ready(Ok(respond(&watch.shared.responder, rejection)));
+                            }
+                        }
+                    }
+                    let output = ready!(future.poll(cx));
+                    kind.set(Kind::Finished);
+                    return Poll::Ready(output);
+                }
+                KindProj::Admitting { mut wake, deadline, pending } => {
+                    let woken = match wake.as_mut().project() {
+                        WakeProj::Notified { notified } => notified.poll(cx).map(Ok),
+                        WakeProj::Recorded { reply } => {
+                            Pin::new(reply).poll(cx).map(|reply| reply.unwrap_or(Err(StoreError::Closed)))
+                        }
+                    };
+                    let rejection = match woken {
+                        Poll::Pending => {
+                            ready!(deadline.poll(cx));
+                            Rejection::DrainTimeout {
+                                key: pending.key.clone(),
+                                presented: pending.token.get(),
+                                retry_after: pending.shared.config.retry_after,
+                            }
+                        }
+                        Poll::Ready(Err(error)) => Rejection::StoreUnavailable {
+                            key: pending.key.clone(),
+                            presented: pending.token.get(),
+                            error,
+                        },
+                        Poll::Ready(Ok(())) => {
+                            let durable = pending.shared.config.store.is_durable();
+                            match pending.state.admit(&pending.key, pending.token.get(), durable) {
+                                Admission::Wait(notified) => {
+                                    wake.set(Wake::Notified { notified });
+                                    continue;
+                                }
+                                Admission::Record => {
+                                    wake.set(pending.record());
+                                    continue;
+                                }
+                                Admission::Enter => {
+                                    let KindReplace::Admitting { pending, .. } =
+                                        kind.as_mut().project_replace(Kind::Finished)
+                                    else {
+                                        unreachable!("matched Admitting above")
+                                    };
+                                    tracing::debug!(
+                                        key = pending.key,
+                                        token = pending.token.get(),
+                                        "fenced request admitted after waiting"
+                                    );
+                                    let Pending { mut inner, request, token, key, state, shared } = pending;
+                                    let key = shared.config.watches_in_flight().then_some(key);
+                                    kind.set(Kind::enter(&mut inner, request, token, key, state, &shared));
+                                    continue;
+                                }
+                                Admission::Stale { highest } => {
+                                    let KindReplace::Admitting { pending, .. } =
+                                        kind.as_mut().project_replace(Kind::Finished)
+                                    else {
+                                        unreachable!("matched Admitting above")
+                                    };
+                                    let shared = Arc::clone(&pending.shared);
+                                    return Poll::Ready(Ok(respond(
+                                        &shared.responder,
+                                        pending.rejection_stale(highest),
+                                    )));
+                                }
+                            }
+                        }
+                    };
+                    let response = respond(&pending.shared.responder, rejection);
+                    kind.set(Kind::Finished);
+                    return Poll::Ready(Ok(response));
+                }
+                KindProj::Rejected { response } => {
+                    let response = response.take().expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(response));
+                }
+                KindProj::Finished => panic!("ResponseFuture polled after completion"),
+            }
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Resource keys: which mark a request is checked against.
+//!
+//! Each key has its own highest-seen token. The default, [`PathKey`], gives every
+//! path its own mark; [`HeaderKey`] and [`GlobalKey`] cover the other common
+//! layouts, and any closure `Fn(&Request<B>) -> Option<K>` is an extractor too.
+//! A request whose key cannot be extracted is answered 400.
+//!
+//! ```
+//! use fencing_layer::FencingLayer;
+//! use http::Request;
+//!
+//! // Key by tenant and document, whatever the route looks like.
+//! let layer = FencingLayer::new().key_extractor(|request: &Request<axum::body::Body>| {
+//!     let tenant = request.headers().get("x-tenant")?.to_str().ok()?;
+//!     let document = request.uri().path().rsplit('/').next()?;
+//!     Some(format!("{tenant}/{document}"))
+//! });
+//! # let _ = layer;
+//! ```
+
+use std::borrow::Cow;
+
+use http::{HeaderName, Request};
+use percent_encoding::percent_decode_str;
+
+/// Extracts the resource key of a request.
+///
+/// The key borrows from the request where it can, so a hit in the key table
+/// costs no allocation.
+pub trait KeyExtractor<B> {
+    /// The request's resource key, or `None` when it has none (answered 400).
+    fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>>;
+}
+
+impl<B, F, K> KeyExtractor<B> for F
+where
+    F: Fn(&Request<B>) -> Option<K>,
+    K: Into<Cow<'static, str>>,
+{
+    fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
+        self(request).map(Into::into)
+    }
+}
+
+/// Keys by the request path, percent-decoded, without the query (the default).
+///
+/// Decoding makes `/logs/a%62` and `/logs/ab` one key, as they are one resource
+/// to axum's `Path` extractor; otherwise a stale holder could dodge its mark by
+/// spelling the path differently. A path that does not decode to UTF-8 has no key.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PathKey;
+
+impl<B> KeyExtractor<B> for PathKey {
+    fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
+        percent_decode_str(request.uri().path()).decode_utf8().ok()
+    }
+}
+
+/// Keys by the value of one request header (a tenant or resource id header, say).
+///
+/// The header must appear exactly once with a non-empty, visible-ASCII value.
+#[derive(Debug, Clone)]
+pub struct HeaderKey {
+    name: HeaderName,
+}
+
+impl HeaderKey {
+    /// Keys by the header `name`.
+    #[must_use]
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+}
+
+impl<B> KeyExtractor<B> for HeaderKey {
+    fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
+        let mut values = request.headers().get_all(&self.name).iter();
+        let value = values.next()?;
+        if values.next().is_some() {
+            return None;
+        }
+        value.to_str().ok().filter(|v| !v.is_empty()).map(Cow::Borrowed)
+    }
+}
+
+/// One mark for everything behind the layer: the whole service is one resource.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalKey;
+
+impl GlobalKey {
+    /// The single key every request maps to.
+    pub const KEY: &'static str = "*";
+}
+
+impl<B> KeyExtractor<B> for GlobalKey {
+    fn extract<'r>(&self, _request: &'r Request<B>) -> Option<Cow<'r, str>> {
+        Some(Cow::Borrowed(Self::KEY))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(uri: &str) -> Request<()> {
+        Request::post(uri).body(()).unwrap()
+    }
+
+    #[test]
+    fn path_key_ignores_the_query_and_decodes() {
+        assert_eq!(PathKey.extract(&request("/logs/ab?x=1")).as_deref(), Some("/logs/ab"));
+        assert_eq!(PathKey.extract(&request("/logs/a%62")).as_deref(), Some("/logs/ab"));
+        assert!(matches!(PathKey.extract(&request("/logs/ab")), Some(Cow::Borrowed(_))));
+        assert_eq!(PathKey.extract(&request("/logs/%ff")), None);
+    }
+
+    #[test]
+    fn header_key_needs_exactly_one_visible_value() {
+        let key = HeaderKey::new(HeaderName::from_static("x-resource"));
+        let mut req = request("/");
+        assert_eq!(key.extract(&req), None);
+        req.headers_mut().append("x-resource", "".parse().unwrap());
+        assert_eq!(key.extract(&req), None);
+        req.headers_mut().insert("x-resource", "orders".parse().unwrap());
+        assert_eq!(key.extract(&req).as_deref(), Some("orders"));
+        req.headers_mut().append("x-resource", "other".parse().unwrap());
+        assert_eq!(key.extract(&req), None);
+    }
+
+    #[test]
+    fn closures_and_global_keys() {
+        let by_method = |r: &Request<()>| Some(r.method().as_str().to_owned());
+        assert_eq!(by_method.extract(&request("/x")).as_deref(), Some("POST"));
+        let never = |_: &Request<()>| None::<&'static str>;
+        assert_eq!(never.extract(&request("/x")), None);
+        assert_eq!(GlobalKey.extract(&request("/x")).as_deref(), Some("*"));
+    }
+}

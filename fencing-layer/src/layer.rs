@@ -1,0 +1,200 @@
+//! [`FencingLayer`]: the configuration, built once and shared by every route.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method};
+use tower_layer::Layer;
+
+use crate::key::PathKey;
+use crate::respond::ProblemJson;
+use crate::service::Fencing;
+use crate::store::MarkStore;
+
+/// The header that carries the token unless configured otherwise: `Fencing-Token`.
+pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
+
+/// How long a higher token waits, by default, for lower-token requests still
+/// inside the inner service: long enough for an ordinary write to finish, short
+/// enough that a new holder is not stalled behind a hung one.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What a higher token does about lower-token requests still inside the inner
+/// service (with or without either, no two holders are ever inside at once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum InFlightPolicy {
+    /// Wait for them to finish, up to the drain timeout (the default).
+    #[default]
+    Drain,
+    /// Drop their inner futures at once, answering them 409, then enter.
+    /// Only for handlers whose work is safe to abandon at any `.await`.
+    Cancel,
+}
+
+/// A [`Layer`] that fences the services it wraps: requests with a stale
+/// fencing token are refused before they reach them.
+///
+/// Cloning is cheap: the configuration sits behind an `Arc`, and clones share
+/// one [`MarkStore`]. See the [crate docs](crate) for the HTTP contract.
+#[must_use]
+pub struct FencingLayer<E = PathKey, R = ProblemJson> {
+    shared: Arc<Shared<E, R>>,
+}
+
+/// Everything a [`Fencing`] service and its futures read.
+#[derive(Clone)]
+pub(crate) struct Shared<E, R> {
+    pub(crate) extractor: E,
+    pub(crate) responder: R,
+    pub(crate) config: Config,
+}
+
+/// The settings that do not depend on the extractor or responder types.
+#[derive(Debug, Clone)]
+pub(crate) struct Config {
+    pub(crate) header: HeaderName,
+    pub(crate) unfenced_methods: Vec<Method>,
+    pub(crate) allow_unfenced: bool,
+    pub(crate) drain_timeout: Duration,
+    pub(crate) retry_after: Duration,
+    pub(crate) policy: InFlightPolicy,
+    pub(crate) store: MarkStore,
+}
+
+impl Config {
+    pub(crate) fn is_fenced(&self, method: &Method) -> bool {
+        !self.unfenced_methods.contains(method)
+    }
+
+    /// Whether admitted requests watch for a higher token (the cancel policy).
+    pub(crate) fn watches_in_flight(&self) -> bool {
+        self.policy == InFlightPolicy::Cancel
+    }
+}
+
+impl FencingLayer {
+    /// The default fencing: `Fencing-Token` header, every method but GET, HEAD,
+    /// OPTIONS and TRACE fenced, keyed by path, problem+json rejections, a fresh
+    /// in-memory store, drain policy with a [`DEFAULT_DRAIN_TIMEOUT`] bound.
+    pub fn new() -> Self {
+        let config = Config {
+            header: FENCING_TOKEN,
+            unfenced_methods: vec![Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE],
+            allow_unfenced: false,
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            retry_after: Duration::from_secs(1),
+            policy: InFlightPolicy::Drain,
+            store: MarkStore::in_memory(),
+        };
+        Self::from_parts(PathKey, ProblemJson, config)
+    }
+}
+
+impl Default for FencingLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<E, R> FencingLayer<E, R> {
+    fn from_parts(extractor: E, responder: R, config: Config) -> Self {
+        Self { shared: Arc::new(Shared { extractor, responder, config }) }
+    }
+
+    /// The store holding this layer's marks.
+    #[must_use]
+    pub fn mark_store(&self) -> &MarkStore {
+        &self.shared.config.store
+    }
+}
+
+// Builders run before the layer is shared, so `unwrap_or_clone` does not clone;
+// the `Clone` bounds only cover a builder called on a clone.
+impl<E: Clone, R: Clone> FencingLayer<E, R> {
+    fn with(self, change: impl FnOnce(&mut Config)) -> Self {
+        let mut shared = Arc::unwrap_or_clone(self.shared);
+        change(&mut shared.config);
+        Self { shared: Arc::new(shared) }
+    }
+
+    /// Reads the token from `header` instead of `Fencing-Token`.
+    pub fn header(self, header: HeaderName) -> Self {
+        self.with(|s| s.header = header)
+    }
+
+    /// The methods that pass through unfenced (default GET, HEAD, OPTIONS,
+    /// TRACE). Pass an empty list to fence every method.
+    pub fn unfenced_methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.with(|s| s.unfenced_methods = methods.into_iter().collect())
+    }
+
+    /// Lets fenced requests without a token through unchecked (default: 428).
+    /// Requests that do carry a token are still checked.
+    pub fn allow_unfenced(self, allow: bool) -> Self {
+        self.with(|s| s.allow_unfenced = allow)
+    }
+
+    /// How long a higher token waits for lower-token requests to leave the
+    /// inner service before it gets 503 (default [`DEFAULT_DRAIN_TIMEOUT`]).
+    pub fn drain_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| s.drain_timeout = timeout)
+    }
+
+    /// The `Retry-After` sent with a drain timeout's 503, rounded up to whole
+    /// seconds (default 1 s).
+    pub fn retry_after(self, retry_after: Duration) -> Self {
+        self.with(|s| s.retry_after = retry_after)
+    }
+
+    /// What to do about lower-token requests in flight when a higher token arrives.
+    pub fn in_flight_policy(self, policy: InFlightPolicy) -> Self {
+        self.with(|s| s.policy = policy)
+    }
+
+    /// Keeps marks in `store` (default: a fresh in-memory store per layer).
+    pub fn store(self, store: MarkStore) -> Self {
+        self.with(|s| s.store = store)
+    }
+
+    /// Keys requests with `extractor` instead of by path.
+    pub fn key_extractor<E2>(self, extractor: E2) -> FencingLayer<E2, R> {
+        let Shared { responder, config, .. } = Arc::unwrap_or_clone(self.shared);
+        FencingLayer::from_parts(extractor, responder, config)
+    }
+
+    /// Answers rejections with `responder` instead of problem+json.
+    pub fn on_rejection<R2>(self, responder: R2) -> FencingLayer<E, R2> {
+        let Shared { extractor, config, .. } = Arc::unwrap_or_clone(self.shared);
+        FencingLayer::from_parts(extractor, responder, config)
+    }
+}
+
+impl<E, R> Clone for FencingLayer<E, R> {
+    fn clone(&self) -> Self {
+        Self { shared: Arc::clone(&self.shared) }
+    }
+}
+
+impl<E, R> fmt::Debug for FencingLayer<E, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.shared.config;
+        f.debug_struct("FencingLayer")
+            .field("header", &s.header)
+            .field("unfenced_methods", &s.unfenced_methods)
+            .field("allow_unfenced", &s.allow_unfenced)
+            .field("drain_timeout", &s.drain_timeout)
+            .field("policy", &s.policy)
+            .field("store", &s.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, E, R> Layer<S> for FencingLayer<E, R> {
+    type Service = Fencing<S, E, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Fencing::from_shared(inner, Arc::clone(&self.shared))
+    }
+}

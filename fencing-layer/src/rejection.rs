@@ -1,0 +1,140 @@
+//! Why the layer refused a request.
+//!
+//! Every refusal is a response, never a service error. The typed [`Rejection`]
+//! is also put into the response's extensions, so outer layers and tests can
+//! tell a fencing 409 from one the handler returned.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::StatusCode;
+
+use crate::store::StoreError;
+use crate::token::TokenError;
+
+/// A request the fencing layer refused, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rejection {
+    /// A fenced request carried no token (428).
+    MissingToken,
+    /// The token header was repeated, empty or not a canonical decimal `u64` (400).
+    InvalidToken(TokenError),
+    /// The key extractor found no resource key in the request (400).
+    MissingKey,
+    /// The token is lower than the highest seen for the key (409): either on
+    /// arrival, or because a higher token arrived while this request waited.
+    Stale {
+        /// The resource key.
+        key: String,
+        /// The token the request carried.
+        presented: u64,
+        /// The highest token seen for the key.
+        highest: u64,
+    },
+    /// The request was inside the inner service when a higher token arrived, and
+    /// the cancel policy dropped its work (409).
+    Cancelled {
+        /// The resource key.
+        key: String,
+        /// The token the request carried.
+        presented: u64,
+        /// The highest token seen for the key.
+        highest: u64,
+    },
+    /// Lower-token requests were still inside the inner service when the drain
+    /// bound ran out (503). The mark stays raised; retry after `retry_after`.
+    DrainTimeout {
+        /// The resource key.
+        key: String,
+        /// The token the request carried.
+        presented: u64,
+        /// How long the client should wait before retrying.
+        retry_after: Duration,
+    },
+    /// A new key arrived while the key table was full (503). Marks are never
+    /// evicted: forgetting one would readmit its stale holders.
+    KeyTableFull {
+        /// The table's capacity.
+        limit: usize,
+    },
+    /// The durable store could not record a raise (503); nothing was admitted.
+    StoreUnavailable {
+        /// The resource key.
+        key: String,
+        /// The token the request carried.
+        presented: u64,
+        /// What the store reported.
+        error: StoreError,
+    },
+}
+
+impl Rejection {
+    /// The HTTP status this rejection is answered with.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::MissingToken => StatusCode::PRECONDITION_REQUIRED,
+            Self::InvalidToken(_) | Self::MissingKey => StatusCode::BAD_REQUEST,
+            Self::Stale { .. } | Self::Cancelled { .. } => StatusCode::CONFLICT,
+            Self::DrainTimeout { .. } | Self::KeyTableFull { .. } | Self::StoreUnavailable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+        }
+    }
+
+    /// A stable identifier of the kind of rejection, used as the last segment of
+    /// the problem `type` URI.
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::MissingToken => "missing-token",
+            Self::InvalidToken(_) => "invalid-token",
+            Self::MissingKey => "missing-key",
+            Self::Stale { .. } => "stale-token",
+            Self::Cancelled { .. } => "cancelled",
+            Self::DrainTimeout { .. } => "drain-timeout",
+            Self::KeyTableFull { .. } => "key-table-full",
+            Self::StoreUnavailable { .. } => "store-unavailable",
+        }
+    }
+
+    /// The seconds a client should wait before retrying, for the `Retry-After` header.
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::DrainTimeout { retry_after, .. } => Some(*retry_after),
+            Self::StoreUnavailable { .. } => Some(Duration::from_secs(1)),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Rejection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MissingToken => f.write_str("this request must carry a fencing token"),
+            Self::InvalidToken(error) => error.fmt(f),
+            Self::MissingKey => f.write_str("no resource key could be extracted from the request"),
+            Self::Stale { key, presented, highest } => {
+                write!(f, "fencing token {presented} is stale for {key}: the highest seen is {highest}")
+            }
+            Self::Cancelled { key, presented, highest } => write!(
+                f,
+                "the request with fencing token {presented} for {key} was cancelled: token {highest} arrived"
+            ),
+            Self::DrainTimeout { key, presented, .. } => write!(
+                f,
+                "requests with lower tokens for {key} did not finish in time; token {presented} was not admitted"
+            ),
+            Self::KeyTableFull { limit } => {
+                write!(f, "the fencing key table is full ({limit} keys)")
+            }
+            Self::StoreUnavailable { key, presented, error } => {
+                write!(f, "the raise to {presented} for {key} could not be recorded: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Rejection {}

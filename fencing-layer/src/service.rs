@@ -1,0 +1,161 @@
+//! [`Fencing`]: the middleware service. `call` is the fast path; anything that
+//! has to wait continues in the [`ResponseFuture`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_layer::Layer;
+use tower_service::Service;
+
+use crate::future::ResponseFuture;
+use crate::key::{KeyExtractor, PathKey};
+use crate::layer::{FencingLayer, Shared};
+use crate::rejection::Rejection;
+use crate::respond::{ProblemJson, RejectionResponder};
+use crate::store::admission::Admission;
+use crate::store::{MarkStore, StoreError};
+use crate::token::FencingToken;
+
+/// Middleware that refuses requests whose fencing token is lower than the
+/// highest seen for their resource, and keeps lower-token requests and
+/// higher-token requests for one resource from ever being inside the inner
+/// service at the same time.
+///
+/// Built by [`FencingLayer`]; see the [crate docs](crate) for the contract.
+pub struct Fencing<S, E = PathKey, R = ProblemJson> {
+    inner: S,
+    shared: Arc<Shared<E, R>>,
+}
+
+impl<S> Fencing<S> {
+    /// Wraps `inner` with the default configuration.
+    pub fn new(inner: S) -> Self {
+        FencingLayer::new().layer(inner)
+    }
+
+    /// The default [`FencingLayer`], to configure and apply.
+    pub fn layer() -> FencingLayer {
+        FencingLayer::new()
+    }
+}
+
+impl<S, E, R> Fencing<S, E, R> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<E, R>>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The store holding this service's marks.
+    pub fn mark_store(&self) -> &MarkStore {
+        &self.shared.config.store
+    }
+}
+
+impl<S: Clone, E, R> Clone for Fencing<S, E, R> {
+    fn clone(&self) -> Self {
+        Self { inner: self.inner.clone(), shared: Arc::clone(&self.shared) }
+    }
+}
+
+impl<S: fmt::Debug, E, R> fmt::Debug for Fencing<S, E, R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fencing")
+            .field("inner", &self.inner)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, E, R, ReqBody, ResBody> Service<Request<ReqBody>> for Fencing<S, E, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    E: KeyExtractor<ReqBody>,
+    R: RejectionResponder<ResBody>,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody, E, R>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let shared = &self.shared;
+        let config = &shared.config;
+        if !config.is_fenced(request.method()) {
+            return ResponseFuture::unfenced(self.inner.call(request));
+        }
+        let token = match FencingToken::from_header_values(request.headers().get_all(&config.header)) {
+            Ok(Some(token)) => token,
+            Ok(None) if config.allow_unfenced => return ResponseFuture::unfenced(self.inner.call(request)),
+            Ok(None) => return ResponseFuture::rejected(shared, Rejection::MissingToken),
+            Err(error) => return ResponseFuture::rejected(shared, Rejection::InvalidToken(error)),
+        };
+        let Some(key) = shared.extractor.extract(&request) else {
+            return ResponseFuture::rejected(shared, Rejection::MissingKey);
+        };
+        let state = match config.store.key_state(&key) {
+            Ok(state) => state,
+            Err(StoreError::KeyTableFull { limit }) => {
+                return ResponseFuture::rejected(shared, Rejection::KeyTableFull { limit });
+            }
+            Err(error) => {
+                let rejection =
+                    Rejection::StoreUnavailable { key: key.into_owned(), presented: token.get(), error };
+                return ResponseFuture::rejected(shared, rejection);
+            }
+        };
+        match state.admit(&key, token.get(), config.store.is_durable()) {
+            Admission::Enter => {
+                tracing::debug!(key = &*key, token = token.get(), "fenced request admitted");
+                let key = config.watches_in_flight().then(|| key.into_owned());
+                ResponseFuture::enter(&mut self.inner, request, token, key, state, shared)
+            }
+            Admission::Stale { highest } => {
+                let rejection = Rejection::Stale { key: key.into_owned(), presented: token.get(), highest };
+                ResponseFuture::rejected(shared, rejection)
+            }
+            admission => {
+                let key = key.into_owned();
+                // Take the service that `poll_ready` readied; leave a clone for the next call.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::admitting(admission, inner, request, token, key, state, shared)
+            }
+        }
+    }
+}
+
+/// The response for `rejection`: the responder's, plus `Retry-After` where it
+/// applies and the typed rejection in the extensions.
+pub(crate) fn respond<B, R: RejectionResponder<B>>(responder: &R, rejection: Rejection) -> Response<B> {
+    tracing::info!(
+        kind = rejection.kind(),
+        status = rejection.status().as_u16(),
+        "fenced request rejected: {rejection}"
+    );
+    let mut response = responder.respond(&rejection);
+    if let Some(after) = rejection.retry_after() {
+        let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        response.headers_mut().insert(http::header::RETRY_AFTER, seconds.max(1).into());
+    }
+    response.extensions_mut().insert(rejection);
+    response
+}

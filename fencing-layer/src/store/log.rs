@@ -1,0 +1,115 @@
+//! Durable marks: the [`MarkLog`] trait and the thread that writes to it.
+//!
+//! Raises are handed to one writer thread, which takes every raise queued
+//! since its last write and records them in one call (one fsync for many
+//! raises under load). Each raising request waits for its own write before it
+//! is admitted; requests with a token already recorded never touch the log.
+
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use tokio::sync::oneshot;
+
+use super::StoreError;
+use super::admission::KeyState;
+
+/// Where durable marks live: any storage that can make a batch of raises
+/// durable before returning.
+///
+/// The store calls [`load`](Self::load) once when it opens, then
+/// [`record`](Self::record) from one writer thread (and from
+/// [`MarkStore::seed`](super::MarkStore::seed) callers).
+pub trait MarkLog: Send + Sync + 'static {
+    /// Every key and its mark.
+    ///
+    /// # Errors
+    ///
+    /// The marks could not be read; the store does not open.
+    fn load(&self) -> Result<Vec<(String, u64)>, StoreError>;
+
+    /// Makes every `(key, token)` durable (on disk, fsync'd) before returning.
+    /// A key's stored mark must become the larger of its old value and the
+    /// token, never smaller: writes for one key may arrive out of order.
+    ///
+    /// # Errors
+    ///
+    /// Nothing of the batch can be relied on; the raising requests get 503.
+    fn record(&self, raises: &[(&str, u64)]) -> Result<(), StoreError>;
+}
+
+/// At most this many raises go into one write.
+const MAX_BATCH: usize = 1024;
+
+struct Job {
+    key: Box<str>,
+    token: u64,
+    state: Arc<KeyState>,
+    reply: oneshot::Sender<Result<(), StoreError>>,
+}
+
+/// The writer thread; dropping it finishes the queued writes and joins it, so
+/// the log is closed when the last store handle goes away.
+pub(super) struct Writer {
+    jobs: Option<mpsc::Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Writer {
+    pub(super) fn spawn(log: Arc<dyn MarkLog>) -> Result<Self, StoreError> {
+        let (jobs, queue) = mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("fencing-mark-writer".into())
+            .spawn(move || run(&*log, &queue))
+            .map_err(StoreError::log)?;
+        Ok(Self { jobs: Some(jobs), thread: Some(thread) })
+    }
+
+    /// Queues `token` for `key`; the receiver answers once it is durable.
+    pub(super) fn submit(
+        &self,
+        key: &str,
+        token: u64,
+        state: Arc<KeyState>,
+    ) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (reply, answer) = oneshot::channel();
+        let job = Job { key: key.into(), token, state, reply };
+        if let Some(Err(mpsc::SendError(job))) = self.jobs.as_ref().map(|jobs| jobs.send(job)) {
+            job.state.recorded(job.token, false);
+            let _ = job.reply.send(Err(StoreError::Closed));
+        }
+        answer
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        drop(self.jobs.take());
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn run(log: &dyn MarkLog, queue: &mpsc::Receiver<Job>) {
+    while let Ok(first) = queue.recv() {
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let raises: Vec<(&str, u64)> = batch.iter().map(|job| (&*job.key, job.token)).collect();
+        let result = log.record(&raises);
+        if let Err(error) = &result {
+            tracing::error!(%error, raises = raises.len(), "recording fencing marks failed");
+        }
+        drop(raises);
+        for job in batch {
+            job.state.recorded(job.token, result.is_ok());
+            // The request may have gone away (client disconnect); the mark is recorded anyway.
+            let _ = job.reply.send(result.clone());
+        }
+    }
+}

@@ -1,0 +1,301 @@
+//! The mark store: the highest token seen for every key.
+//!
+//! [`MarkStore`] is a cheap, cloneable handle. Give the same handle to several
+//! layers to share marks between them, and keep one for operators and tests:
+//!
+//! ```
+//! use fencing_layer::{FencingLayer, MarkStore};
+//!
+//! let store = MarkStore::builder().max_keys(10_000).in_memory();
+//! let layer = FencingLayer::new().store(store.clone());
+//!
+//! store.seed("/logs/billing", 41).unwrap();
+//! assert_eq!(store.mark("/logs/billing"), Some(41));
+//! assert_eq!(store.len(), 1);
+//! # let _ = layer;
+//! ```
+//!
+//! Marks are never evicted: a forgotten mark would readmit its stale holders.
+//! When the table holds `max_keys` keys, requests for new keys get 503 while
+//! known keys keep working.
+//!
+//! With a durable [`MarkLog`] (the `redb` feature provides one), a raise is
+//! recorded before the raising request is admitted, and the marks are loaded
+//! again when the store opens.
+
+pub(crate) mod admission;
+mod log;
+#[cfg(feature = "redb")]
+mod redb;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use dashmap::DashMap;
+use dashmap::mapref::entry::Entry;
+use tokio::sync::oneshot;
+
+use self::admission::KeyState;
+pub use self::log::MarkLog;
+#[cfg(feature = "redb")]
+pub use self::redb::RedbMarkLog;
+
+/// How many keys a store tracks unless told otherwise (about 150 MB of marks).
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// A cloneable handle to the table of marks.
+#[derive(Clone)]
+pub struct MarkStore {
+    table: Arc<Table>,
+}
+
+struct Table {
+    keys: DashMap<Box<str>, Arc<KeyState>>,
+    len: AtomicUsize,
+    max_keys: usize,
+    durable: Option<Durable>,
+}
+
+struct Durable {
+    log: Arc<dyn MarkLog>,
+    writer: log::Writer,
+}
+
+impl MarkStore {
+    /// An in-memory store with the default key limit.
+    #[must_use]
+    pub fn in_memory() -> Self {
+        Self::builder().in_memory()
+    }
+
+    /// Opens (or creates) a durable store in the redb file at `path`.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be opened or its marks cannot be read.
+    #[cfg(feature = "redb")]
+    pub fn open(path: impl AsRef<std::path::Path>) -> Result<Self, StoreError> {
+        Self::builder().open(path)
+    }
+
+    /// A builder to set the key limit and the durable log.
+    pub fn builder() -> MarkStoreBuilder {
+        MarkStoreBuilder { max_keys: DEFAULT_MAX_KEYS }
+    }
+
+    /// How many keys have a mark.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.table.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no key has a mark yet.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most keys the store takes before refusing new ones.
+    #[must_use]
+    pub fn max_keys(&self) -> usize {
+        self.table.max_keys
+    }
+
+    /// Whether raises are recorded in a durable log.
+    #[must_use]
+    pub fn is_durable(&self) -> bool {
+        self.table.durable.is_some()
+    }
+
+    /// The highest token seen for `key`, if any request for it got this far.
+    #[must_use]
+    pub fn mark(&self, key: &str) -> Option<u64> {
+        self.table.keys.get(key).map(|state| state.mark())
+    }
+
+    /// Raises the mark of `key` to at least `token` and returns the mark, as if
+    /// a request with `token` had arrived (in-flight requests are not waited for).
+    ///
+    /// With a durable log this writes to it on the calling thread: from async
+    /// code, call it inside `spawn_blocking`.
+    ///
+    /// # Errors
+    ///
+    /// The key table is full, or the log could not record the mark.
+    pub fn seed(&self, key: &str, token: u64) -> Result<u64, StoreError> {
+        let state = self.key_state(key)?;
+        if let Some(durable) = &self.table.durable {
+            durable.log.record(&[(key, token)])?;
+        }
+        Ok(state.seed(token))
+    }
+
+    /// The state of `key`, created on first sight. The hit path takes a shard
+    /// read lock and allocates nothing; the guard is dropped before returning.
+    pub(crate) fn key_state(&self, key: &str) -> Result<Arc<KeyState>, StoreError> {
+        if let Some(state) = self.table.keys.get(key) {
+            return Ok(Arc::clone(&state));
+        }
+        match self.table.keys.entry(key.into()) {
+            Entry::Occupied(entry) => Ok(Arc::clone(entry.get())),
+            Entry::Vacant(entry) => {
+                let limit = self.table.max_keys;
+                self.table
+                    .len
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < limit).then_some(n + 1))
+                    .map_err(|_| StoreError::KeyTableFull { limit })?;
+                Ok(Arc::clone(entry.insert(Arc::new(KeyState::new(0))).value()))
+            }
+        }
+    }
+
+    /// Hands a raise to the log writer; `None` when the store is in memory.
+    pub(crate) fn record(
+        &self,
+        key: &str,
+        token: u64,
+        state: &Arc<KeyState>,
+    ) -> oneshot::Receiver<Result<(), StoreError>> {
+        match &self.table.durable {
+            Some(durable) => durable.writer.submit(key, token, Arc::clone(state)),
+            None => {
+                // Unreachable in practice: admission asks to record only for durable stores.
+                state.recorded(token, true);
+                let (reply, answer) = oneshot::channel();
+                let _ = reply.send(Ok(()));
+                answer
+            }
+        }
+    }
+}
+
+impl Default for MarkStore {
+    fn default() -> Self {
+        Self::in_memory()
+    }
+}
+
+impl fmt::Debug for MarkStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MarkStore")
+            .field("len", &self.len())
+            .field("max_keys", &self.max_keys())
+            .field("durable", &self.is_durable())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures a [`MarkStore`].
+#[derive(Debug, Clone)]
+#[must_use]
+pub struct MarkStoreBuilder {
+    max_keys: usize,
+}
+
+impl MarkStoreBuilder {
+    /// The most keys to track; new keys past it get 503 (default [`DEFAULT_MAX_KEYS`]).
+    pub fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// A store that keeps marks in memory only.
+    pub fn in_memory(self) -> MarkStore {
+        self.build(None)
+    }
+
+    /// A store that records every raise in `log` before admitting it, starting
+    /// from the marks `log` holds. Loaded keys count toward the limit but are
+    /// all kept, even past it.
+    ///
+    /// # Errors
+    ///
+    /// The log's marks cannot be loaded, or the writer thread cannot start.
+    pub fn durable(self, log: impl MarkLog) -> Result<MarkStore, StoreError> {
+        let log: Arc<dyn MarkLog> = Arc::new(log);
+        let marks = log.load()?;
+        let writer = log::Writer::spawn(Arc::clone(&log))?;
+        let store = self.build(Some(Durable { log, writer }));
+        for (key, mark) in marks {
+            store.table.keys.insert(key.into_boxed_str(), Arc::new(KeyState::new(mark)));
+        }
+        store.table.len.store(store.table.keys.len(), Ordering::Relaxed);
+        Ok(store)
+    }
+
+    /// A durable store in the redb file at `path`, created if missing.
+    ///
+    /// # Errors
+    ///
+    /// The file cannot be opened or its marks cannot be read.
+    #[cfg(feature = "redb")]
+    pub fn open(self, path: impl AsRef<std::path::Path>) -> Result<MarkStore, StoreError> {
+        self.durable(RedbMarkLog::open(path)?)
+    }
+
+    fn build(self, durable: Option<Durable>) -> MarkStore {
+        MarkStore {
+            table: Arc::new(Table {
+                keys: DashMap::new(),
+                len: AtomicUsize::new(0),
+                max_keys: self.max_keys,
+                durable,
+            }),
+        }
+    }
+}
+
+/// What went wrong in the mark store.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The key table is full and the key is new.
+    KeyTableFull {
+        /// The table's capacity.
+        limit: usize,
+    },
+    /// The durable log failed.
+    Log(Arc<dyn std::error::Error + Send + Sync>),
+    /// The log writer has stopped.
+    Closed,
+}
+
+impl StoreError {
+    /// Wraps a durable log's error.
+    pub fn log(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self::Log(Arc::new(error))
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::KeyTableFull { limit } => write!(f, "the key table is full ({limit} keys)"),
+            Self::Log(error) => write!(f, "the mark log failed: {error}"),
+            Self::Closed => f.write_str("the mark log writer has stopped"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Log(error) => Some(&**error),
+            _ => None,
+        }
+    }
+}
+
+impl PartialEq for StoreError {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::KeyTableFull { limit: a }, Self::KeyTableFull { limit: b }) => a == b,
+            (Self::Log(a), Self::Log(b)) => Arc::ptr_eq(a, b) || a.to_string() == b.to_string(),
+            (Self::Closed, Self::Closed) => true,
+            _ => false,
+        }
+    }
+}
+
+impl Eq for StoreError {}

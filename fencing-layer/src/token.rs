@@ -1,0 +1,217 @@
+//! The fencing token and its strict header parser.
+
+use std::fmt;
+use std::str::FromStr;
+
+use http::header::{GetAll, HeaderValue};
+
+/// A fencing token: the strictly increasing number a lock service hands out with
+/// every grant.
+///
+/// The layer inserts the validated token into the request extensions before the
+/// inner service runs, so a handler can pass it on to a store that checks it
+/// again (a database version column, say).
+///
+/// On the wire a token is a canonical decimal `u64`: ASCII digits only, no sign,
+/// no spaces, no leading zeros (`0` itself is fine), at most `u64::MAX`.
+///
+/// ```
+/// use fencing_layer::FencingToken;
+///
+/// let token: FencingToken = "42".parse().unwrap();
+/// assert_eq!(token.get(), 42);
+/// assert!("042".parse::<FencingToken>().is_err());
+/// assert_eq!(token.to_string(), "42");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// Wraps a token value.
+    #[must_use]
+    pub const fn new(value: u64) -> Self {
+        Self(value)
+    }
+
+    /// The token's value.
+    #[must_use]
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+
+    /// Parses a canonical decimal token from raw header bytes.
+    ///
+    /// # Errors
+    ///
+    /// Returns the first way in which `bytes` is not a canonical decimal `u64`.
+    pub fn parse_bytes(bytes: &[u8]) -> Result<Self, TokenError> {
+        let (first, rest) = bytes.split_first().ok_or(TokenError::Empty)?;
+        if !first.is_ascii_digit() || !rest.iter().all(u8::is_ascii_digit) {
+            return Err(TokenError::NotDecimal);
+        }
+        if *first == b'0' && !rest.is_empty() {
+            return Err(TokenError::LeadingZero);
+        }
+        bytes
+            .iter()
+            .try_fold(0u64, |acc, digit| acc.checked_mul(10)?.checked_add(u64::from(digit - b'0')))
+            .map(Self)
+            .ok_or(TokenError::Overflow)
+    }
+
+    /// Reads the token from every value of a header: none is `Ok(None)`, one is
+    /// parsed, more than one is [`TokenError::Repeated`].
+    ///
+    /// # Errors
+    ///
+    /// A repeated header, or a value that is not a canonical decimal `u64`.
+    pub fn from_header_values(values: GetAll<'_, HeaderValue>) -> Result<Option<Self>, TokenError> {
+        let mut values = values.iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(TokenError::Repeated);
+        }
+        Self::parse_bytes(value.as_bytes()).map(Some)
+    }
+
+    /// The token as a header value, for clients that send it.
+    ///
+    /// ```
+    /// use fencing_layer::FencingToken;
+    ///
+    /// let request = http::Request::post("/logs/billing")
+    ///     .header("fencing-token", FencingToken::new(7).to_header_value())
+    ///     .body(())
+    ///     .unwrap();
+    /// assert_eq!(request.headers()["fencing-token"], "7");
+    /// ```
+    #[must_use]
+    pub fn to_header_value(self) -> HeaderValue {
+        HeaderValue::from(self.0)
+    }
+}
+
+impl From<u64> for FencingToken {
+    fn from(value: u64) -> Self {
+        Self(value)
+    }
+}
+
+impl From<FencingToken> for u64 {
+    fn from(token: FencingToken) -> Self {
+        token.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl FromStr for FencingToken {
+    type Err = TokenError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse_bytes(s.as_bytes())
+    }
+}
+
+/// Why a fencing-token header was refused (400 Bad Request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TokenError {
+    /// The header was present with an empty value.
+    Empty,
+    /// The header appeared more than once.
+    Repeated,
+    /// A byte other than an ASCII digit: a sign, a space, hex, an exponent, non-ASCII.
+    NotDecimal,
+    /// Leading zeros make one token spellable many ways; only the canonical form is accepted.
+    LeadingZero,
+    /// The value is larger than `u64::MAX`.
+    Overflow,
+}
+
+impl fmt::Display for TokenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Empty => "the fencing token header is empty",
+            Self::Repeated => "the fencing token header appears more than once",
+            Self::NotDecimal => "the fencing token must be ASCII decimal digits only",
+            Self::LeadingZero => "the fencing token must not have leading zeros",
+            Self::Overflow => "the fencing token is larger than 18446744073709551615",
+        })
+    }
+}
+
+impl std::error::Error for TokenError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn accepts_canonical_decimals() {
+        for (text, value) in [("0", 0), ("1", 1), ("10", 10), ("18446744073709551615", u64::MAX)] {
+            assert_eq!(text.parse::<FencingToken>(), Ok(FencingToken(value)), "{text}");
+        }
+    }
+
+    #[test]
+    fn rejects_every_non_canonical_spelling() {
+        let cases: [(&[u8], TokenError); 16] = [
+            (b"", TokenError::Empty),
+            (b"+5", TokenError::NotDecimal),
+            (b"-1", TokenError::NotDecimal),
+            (b" 5", TokenError::NotDecimal),
+            (b"5 ", TokenError::NotDecimal),
+            (b"5 5", TokenError::NotDecimal),
+            (b"1e3", TokenError::NotDecimal),
+            (b"0x10", TokenError::NotDecimal),
+            (b"1.0", TokenError::NotDecimal),
+            (b"\xd9\xa5", TokenError::NotDecimal),
+            (b"\xef\xbc\x95", TokenError::NotDecimal),
+            (b"05", TokenError::LeadingZero),
+            (b"00", TokenError::LeadingZero),
+            (b"18446744073709551616", TokenError::Overflow),
+            (b"99999999999999999999", TokenError::Overflow),
+            (b"100000000000000000000000000000", TokenError::Overflow),
+        ];
+        for (bytes, error) in cases {
+            assert_eq!(FencingToken::parse_bytes(bytes), Err(error), "{bytes:?}");
+        }
+    }
+
+    #[test]
+    fn counts_header_repetitions() {
+        let mut headers = http::HeaderMap::new();
+        assert_eq!(FencingToken::from_header_values(headers.get_all("t")), Ok(None));
+        headers.append("t", HeaderValue::from_static("3"));
+        assert_eq!(FencingToken::from_header_values(headers.get_all("t")), Ok(Some(FencingToken(3))));
+        headers.append("t", HeaderValue::from_static("3"));
+        assert_eq!(FencingToken::from_header_values(headers.get_all("t")), Err(TokenError::Repeated));
+    }
+
+    proptest! {
+        #[test]
+        fn round_trips_every_u64(value: u64) {
+            let text = value.to_string();
+            prop_assert_eq!(text.parse::<FencingToken>(), Ok(FencingToken(value)));
+            let header = FencingToken(value).to_header_value();
+            prop_assert_eq!(header.as_bytes(), text.as_bytes());
+        }
+
+        #[test]
+        fn accepts_exactly_what_display_would_print(bytes in proptest::collection::vec(any::<u8>(), 0..24)) {
+            // The canonical spelling is unique: whatever parses must print back as the same bytes.
+            if let Ok(token) = FencingToken::parse_bytes(&bytes) {
+                let printed = token.to_string();
+                prop_assert_eq!(printed.as_bytes(), &bytes[..]);
+            }
+        }
+    }
+}

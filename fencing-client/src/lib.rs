@@ -1,1 +1,97 @@
-//! Placeholder: filled by the lock-service/client issue.
+//! Client side of fenced leases.
+//!
+//! * [`LockBackend`]: what a lock service must offer (acquire, keepalive, release,
+//!   each returning grant information). [`DemoLockClient`] implements it for the
+//!   workspace's `demo-lock-service` over HTTP; other backends (etcd, ...) can too.
+//! * [`Lease`]: a backend-agnostic handle that renews every TTL/3, keeps a local
+//!   deadline on the monotonic clock (send time of the last successful renewal +
+//!   TTL − safety margin), and on any renewal error, timeout, 404 or a passed
+//!   deadline cancels a [`CancellationToken`] so in-flight work stops.
+//! * [`set_fencing_token`] / [`fence_reqwest`]: put the token into the
+//!   `Fencing-Token` header (canonical decimal) of an outgoing request, so the
+//!   resource can reject a stale holder.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use fencing_client::DemoLockClient;
+//!
+//! let locks = DemoLockClient::new("http://127.0.0.1:7000")?;
+//! let lease = locks.lease("report", "worker-1", Duration::from_secs(10)).await?;
+//! let http = reqwest::Client::new();
+//! let write = lease.fence_reqwest(http.put("http://127.0.0.1:8080/docs/report").body("v2"));
+//! // Stops (drops the request) if the lease is lost meanwhile.
+//! let response = lease.run(write.send()).await??;
+//! println!("{}", response.status());
+//! lease.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! [`CancellationToken`]: tokio_util::sync::CancellationToken
+
+mod backend;
+mod demo;
+mod lease;
+
+pub use backend::{BoxFuture, Grant, LockBackend, LockError};
+pub use demo::{DemoLockClient, LockStatus};
+pub use lease::{Lease, LeaseOptions, LossReason, Lost};
+
+use http::HeaderValue;
+use http::header::HeaderName;
+
+/// The request header carrying the fencing token, as sent on the wire (`Fencing-Token`;
+/// HTTP header names are case-insensitive).
+pub const FENCING_TOKEN_HEADER: &str = "Fencing-Token";
+
+/// [`FENCING_TOKEN_HEADER`] as a typed header name.
+pub fn fencing_token_header() -> HeaderName {
+    HeaderName::from_static("fencing-token")
+}
+
+/// `token` as a header value: canonical decimal (no sign, no padding, no leading zeros).
+pub fn fencing_token_value(token: u64) -> HeaderValue {
+    HeaderValue::from(token)
+}
+
+/// Sets the `Fencing-Token` header of `request` to `token`, replacing any value
+/// already there (a repeated header would be rejected by the fencing layer).
+pub fn set_fencing_token<B>(request: &mut http::Request<B>, token: u64) {
+    request.headers_mut().insert(fencing_token_header(), fencing_token_value(token));
+}
+
+/// Adds the `Fencing-Token` header with `token` to a reqwest request.
+pub fn fence_reqwest(request: reqwest::RequestBuilder, token: u64) -> reqwest::RequestBuilder {
+    request.header(fencing_token_header(), fencing_token_value(token))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sets_canonical_header_on_http_request() {
+        let mut req = http::Request::builder()
+            .method("PUT")
+            .uri("/docs/a")
+            .header("fencing-token", "0007")
+            .header("Fencing-Token", "1")
+            .body(())
+            .unwrap();
+        set_fencing_token(&mut req, 42);
+        let values: Vec<_> = req.headers().get_all(FENCING_TOKEN_HEADER).iter().collect();
+        assert_eq!(values, vec!["42"]);
+        set_fencing_token(&mut req, u64::MAX);
+        assert_eq!(req.headers()["fencing-token"], "18446744073709551615");
+        set_fencing_token(&mut req, 0);
+        assert_eq!(req.headers()["fencing-token"], "0");
+    }
+
+    #[test]
+    fn sets_header_on_reqwest_builder() {
+        let client = reqwest::Client::new();
+        let req = fence_reqwest(client.put("http://127.0.0.1:9/x"), 1234).build().unwrap();
+        let values: Vec<_> = req.headers().get_all("Fencing-Token").iter().collect();
+        assert_eq!(values, vec!["1234"]);
+    }
+}

@@ -61,6 +61,8 @@ pub const MAX_BODY_BYTES: usize = 4096;
 /// Default longest TTL a client may ask for: one hour.
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(3600);
 
+const CLOSED: &str = "the lock service is shut down";
+
 /// Configuration of a [`LockService`].
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -216,7 +218,8 @@ struct Inner {
     /// Serialises every change of ownership (grant, release): holding it, the
     /// "is the lock free?" decision stays true until the grant is recorded.
     /// Only ever locked on a blocking thread, never across an `.await`.
-    writer: Mutex<Store>,
+    /// `None` once [`LockService::close`] ran.
+    writer: Mutex<Option<Store>>,
     table: Mutex<Table>,
 }
 
@@ -261,7 +264,11 @@ impl LockService {
             );
         }
         Ok(LockService {
-            inner: Arc::new(Inner { config, writer: Mutex::new(loaded.store), table: Mutex::new(table) }),
+            inner: Arc::new(Inner {
+                config,
+                writer: Mutex::new(Some(loaded.store)),
+                table: Mutex::new(table),
+            }),
         })
     }
 
@@ -339,6 +346,18 @@ impl LockService {
         })
     }
 
+    /// Closes the durable store, so the data directory can be opened again (by a
+    /// restart in this process, say) even while clones of this handle are still
+    /// around. Afterwards acquisitions and releases fail as unavailable (503);
+    /// keepalives and reads still answer from memory. Blocks while a grant or
+    /// release is being written.
+    pub fn close(&self) {
+        let store = lock(&self.inner.writer).take();
+        if store.is_some() {
+            tracing::info!(data_dir = %self.inner.config.data_dir.display(), "store closed");
+        }
+    }
+
     /// The HTTP routes of the service (see the crate docs).
     pub fn router(&self) -> axum::Router {
         http::router(self.clone())
@@ -354,12 +373,13 @@ impl LockService {
     }
 
     /// Binds `addr` (use `127.0.0.1:0` for a free port) and serves in a background
-    /// task. This handle is consumed: once the returned [`RunningService`] is shut
-    /// down, the store is closed and the data directory can be opened again.
+    /// task. Once the returned [`RunningService`] is shut down (or dropped), the
+    /// store is closed and the data directory can be opened again.
     pub async fn spawn(self, addr: SocketAddr) -> std::io::Result<RunningService> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (tx, rx) = oneshot::channel::<()>();
+        let service = self.clone();
         let task = tokio::spawn(async move {
             self.serve(listener, async {
                 let _ = rx.await;
@@ -367,7 +387,7 @@ impl LockService {
             .await
         });
         tracing::info!(%addr, "lock service listening");
-        Ok(RunningService { addr, shutdown: Some(tx), task })
+        Ok(RunningService { addr, service, shutdown: Some(tx), task })
     }
 }
 
@@ -379,7 +399,10 @@ impl Inner {
         holder: String,
         ttl: Duration,
     ) -> Result<Grant, AcquireError> {
-        let store = lock(&self.writer);
+        let guard = lock(&self.writer);
+        let Some(store) = guard.as_ref() else {
+            return Err(AcquireError::Unavailable(CLOSED.into()));
+        };
         {
             let table = lock(&self.table);
             if let Some(cur) = table.by_name.get(&name)
@@ -404,13 +427,16 @@ impl Inner {
             name.clone(),
             Live { lease_id: lease_id.clone(), holder: holder.clone(), token, ttl, expires: now + ttl },
         );
-        drop(store);
+        drop(guard);
         tracing::info!(name, holder, token, ttl_ms, "granted");
         Ok(Grant { lease_id, name, holder, token, ttl })
     }
 
     fn release_blocking(&self, now: Instant, lease_id: &str) -> Result<bool, StorageError> {
-        let store = lock(&self.writer);
+        let guard = lock(&self.writer);
+        let Some(store) = guard.as_ref() else {
+            return Err(StorageError(CLOSED.into()));
+        };
         let (name, live) = {
             let table = lock(&self.table);
             let Some(name) = table.by_id.get(lease_id) else {
@@ -423,7 +449,7 @@ impl Inner {
         };
         store.remove(&name).map_err(|e| StorageError(e.to_string()))?;
         lock(&self.table).remove_by_id(lease_id);
-        drop(store);
+        drop(guard);
         tracing::info!(name, live, "released");
         Ok(live)
     }
@@ -433,6 +459,7 @@ impl Inner {
 #[derive(Debug)]
 pub struct RunningService {
     addr: SocketAddr,
+    service: LockService,
     shutdown: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
@@ -448,22 +475,32 @@ impl RunningService {
         format!("http://{}", self.addr)
     }
 
-    /// Stops accepting connections, waits for open ones to finish and closes the store.
+    /// The service being served.
+    pub fn service(&self) -> &LockService {
+        &self.service
+    }
+
+    /// Stops accepting connections, waits for open ones to finish, then closes the
+    /// store ([`LockService::close`]): the data directory can be opened again at once.
     pub async fn shutdown(mut self) -> std::io::Result<()> {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        match (&mut self.task).await {
+        let served = match (&mut self.task).await {
             Ok(r) => r,
             Err(e) => Err(std::io::Error::other(e)),
-        }
+        };
+        self.service.close();
+        served
     }
 }
 
 impl Drop for RunningService {
     fn drop(&mut self) {
-        // Dropped without `shutdown`: stop serving at once.
+        // Dropped without `shutdown`: stop accepting at once and close the store
+        // (requests still in flight on open connections then fail with 503).
         self.task.abort();
+        self.service.close();
     }
 }
 

@@ -335,3 +335,26 @@ async fn lock_names_are_percent_decoded_in_the_read_route() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.body["name"], "jobs/billing run");
 }
+
+#[tokio::test]
+async fn close_frees_the_data_dir_and_refuses_grants_with_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = open(dir.path());
+    let app = svc.router();
+    let g = acquire(&app, "l", "a", 60_000).await;
+    assert_eq!(g.status, StatusCode::CREATED);
+    svc.close();
+    let r = acquire(&app, "m", "a", 1000).await;
+    assert_problem(&r, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(r.headers.contains_key("retry-after"));
+    let id = g.body["lease_id"].as_str().unwrap();
+    assert_problem(
+        &call(&app, Method::DELETE, &format!("/v1/leases/{id}"), None).await,
+        StatusCode::SERVICE_UNAVAILABLE,
+    );
+    // `app` (a clone) is still alive, yet the directory can be reopened.
+    let again = open(dir.path()).router();
+    let r = acquire(&again, "m", "b", 1000).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert_eq!(r.body["token"], 2);
+}

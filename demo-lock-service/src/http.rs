@@ -11,9 +11,9 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Map, Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
 use crate::{AcquireError, LockService, MAX_BODY_BYTES, ceil_ms};
 
@@ -69,15 +69,29 @@ impl Problem {
     }
 }
 
+/// The problem body: members in RFC 9457 order, then the extension members.
+#[derive(Serialize)]
+struct ProblemBody<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+    #[serde(flatten)]
+    extra: &'a Map<String, Value>,
+}
+
 impl IntoResponse for Problem {
     fn into_response(self) -> Response {
-        let mut body = Map::new();
-        body.insert("type".into(), Value::String(format!("{PROBLEM_TYPE_PREFIX}{}", self.kind)));
-        body.insert("title".into(), Value::String(self.title.into()));
-        body.insert("status".into(), Value::from(self.status.as_u16()));
-        body.insert("detail".into(), Value::String(self.detail));
-        body.extend(self.extra);
-        let mut response = (self.status, Value::Object(body).to_string()).into_response();
+        let body = ProblemBody {
+            kind: format!("{PROBLEM_TYPE_PREFIX}{}", self.kind),
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+            extra: &self.extra,
+        };
+        let body = serde_json::to_string(&body).unwrap_or_default();
+        let mut response = (self.status, body).into_response();
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
         if let Some(secs) = self.retry_after_secs {
@@ -87,8 +101,9 @@ impl IntoResponse for Problem {
     }
 }
 
-fn json_response(status: StatusCode, value: Value) -> Response {
-    let mut response = (status, value.to_string()).into_response();
+fn json_response(status: StatusCode, value: impl Serialize) -> Response {
+    let body = serde_json::to_string(&value).unwrap_or_default();
+    let mut response = (status, body).into_response();
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     response
 }
@@ -176,6 +191,30 @@ where
     }
 }
 
+#[derive(Serialize)]
+struct GrantBody<'a> {
+    lease_id: &'a str,
+    name: &'a str,
+    holder: &'a str,
+    token: u64,
+    ttl_ms: u64,
+}
+
+#[derive(Serialize)]
+struct RenewalBody<'a> {
+    lease_id: &'a str,
+    token: u64,
+    ttl_ms: u64,
+}
+
+#[derive(Serialize)]
+struct StatusBody<'a> {
+    name: &'a str,
+    holder: &'a str,
+    token: u64,
+    expires_in_ms: u64,
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct AcquireBody {
@@ -189,13 +228,13 @@ async fn acquire(State(service): State<LockService>, StrictJson(body): StrictJso
         Ok(grant) => {
             let mut response = json_response(
                 StatusCode::CREATED,
-                json!({
-                    "lease_id": grant.lease_id,
-                    "name": grant.name,
-                    "holder": grant.holder,
-                    "token": grant.token,
-                    "ttl_ms": body.ttl_ms,
-                }),
+                GrantBody {
+                    lease_id: &grant.lease_id,
+                    name: &grant.name,
+                    holder: &grant.holder,
+                    token: grant.token,
+                    ttl_ms: body.ttl_ms,
+                },
             );
             if let Ok(location) = HeaderValue::from_str(&format!("/v1/leases/{}", grant.lease_id)) {
                 response.headers_mut().insert(LOCATION, location);
@@ -224,11 +263,7 @@ async fn keepalive(State(service): State<LockService>, ApiPath(lease_id): ApiPat
     match service.keepalive(&lease_id) {
         Some(r) => json_response(
             StatusCode::OK,
-            json!({
-                "lease_id": r.lease_id,
-                "token": r.token,
-                "ttl_ms": ceil_ms(r.ttl),
-            }),
+            RenewalBody { lease_id: &r.lease_id, token: r.token, ttl_ms: ceil_ms(r.ttl) },
         ),
         None => Problem::lease_not_found().into_response(),
     }
@@ -246,12 +281,12 @@ async fn lock_status(State(service): State<LockService>, ApiPath(name): ApiPath<
     match service.lock_status(&name) {
         Some(s) => json_response(
             StatusCode::OK,
-            json!({
-                "name": s.name,
-                "holder": s.holder,
-                "token": s.token,
-                "expires_in_ms": ceil_ms(s.expires_in),
-            }),
+            StatusBody {
+                name: &s.name,
+                holder: &s.holder,
+                token: s.token,
+                expires_in_ms: ceil_ms(s.expires_in),
+            },
         ),
         None => Problem::new(
             StatusCode::NOT_FOUND,

@@ -19,8 +19,9 @@
 //! * Grants and releases are persisted; keepalives are not. On start-up every lease
 //!   found on disk is re-created with the same `lease_id`, token and holder, expiring
 //!   its full TTL after start-up, so a restart never hands a held lock to someone else
-//!   early. A lease that expired but was never released or replaced therefore blocks
-//!   its lock for one more TTL after a restart (conservative by design).
+//!   early. Each grant also forgets (in the same transaction) up to 64 expired leases
+//!   of other locks; an expired lease not yet forgotten when the service stops blocks
+//!   its lock for one more TTL after the restart (conservative by design).
 //! * A holder that acquires a lock it already holds gets a new lease and a higher
 //!   token; its previous `lease_id` stops working.
 //!
@@ -60,6 +61,9 @@ pub const MAX_NAME_BYTES: usize = 256;
 pub const MAX_BODY_BYTES: usize = 4096;
 /// Default longest TTL a client may ask for: one hour.
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(3600);
+
+/// At most this many expired leases of other locks are forgotten per grant.
+const SWEEP_PER_GRANT: usize = 64;
 
 const CLOSED: &str = "the lock service is shut down";
 
@@ -403,7 +407,7 @@ impl Inner {
         let Some(store) = guard.as_ref() else {
             return Err(AcquireError::Unavailable(CLOSED.into()));
         };
-        {
+        let expired: Vec<(String, String)> = {
             let table = lock(&self.table);
             if let Some(cur) = table.by_name.get(&name)
                 && cur.expires > now
@@ -411,22 +415,39 @@ impl Inner {
             {
                 return Err(AcquireError::Held { holder: cur.holder.clone(), expires_in: cur.expires - now });
             }
-        }
+            // Expired leases of other locks, forgotten in the same transaction, so
+            // abandoned locks neither pile up nor block again after a restart.
+            // (Nothing can revive them: a keepalive at or after `now` finds them expired.)
+            table
+                .by_name
+                .iter()
+                .filter(|(n, l)| l.expires <= now && **n != name)
+                .take(SWEEP_PER_GRANT)
+                .map(|(n, l)| (n.clone(), l.lease_id.clone()))
+                .collect()
+        };
         // Nothing else can grant or release while `store` is locked, so the lock is
         // still ours to grant.
         let lease_id = new_lease_id().map_err(AcquireError::Unavailable)?;
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let token = store.grant(&name, &lease_id, &holder, ttl_ms).map_err(|e| {
+        let expired_names: Vec<String> = expired.iter().map(|(n, _)| n.clone()).collect();
+        let token = store.grant(&name, &lease_id, &holder, ttl_ms, &expired_names).map_err(|e| {
             tracing::error!(error = %e, name, "grant not recorded");
             match e {
                 StoreError::Exhausted => AcquireError::Unavailable(e.to_string()),
                 StoreError::Db(d) => AcquireError::Unavailable(d),
             }
         })?;
-        lock(&self.table).insert(
-            name.clone(),
-            Live { lease_id: lease_id.clone(), holder: holder.clone(), token, ttl, expires: now + ttl },
-        );
+        {
+            let mut table = lock(&self.table);
+            for (_, old_id) in &expired {
+                table.remove_by_id(old_id);
+            }
+            table.insert(
+                name.clone(),
+                Live { lease_id: lease_id.clone(), holder: holder.clone(), token, ttl, expires: now + ttl },
+            );
+        }
         drop(guard);
         tracing::info!(name, holder, token, ttl_ms, "granted");
         Ok(Grant { lease_id, name, holder, token, ttl })

@@ -97,8 +97,9 @@ impl Store {
         Ok(Loaded { store: Store { db }, leases })
     }
 
-    /// Takes the next token from the counter and records `lease` (with that token)
-    /// as the grant of lock `name`, replacing any previous grant of `name`.
+    /// Takes the next token from the counter and records the lease (with that token)
+    /// as the grant of lock `name`, replacing any previous grant of `name`; in the
+    /// same transaction, forgets the expired grants of the locks in `expired`.
     /// Returns the token once the transaction is durably committed.
     pub(crate) fn grant(
         &self,
@@ -106,6 +107,7 @@ impl Store {
         lease_id: &str,
         holder: &str,
         ttl_ms: u64,
+        expired: &[String],
     ) -> Result<u64, StoreError> {
         let mut txn = self.db.begin_write().map_err(db_err)?;
         txn.set_durability(Durability::Immediate).map_err(db_err)?;
@@ -125,6 +127,9 @@ impl Store {
             .map_err(|e| StoreError::Db(e.to_string()))?;
             let mut leases = txn.open_table(LEASES).map_err(db_err)?;
             leases.insert(name, record.as_slice()).map_err(db_err)?;
+            for old in expired {
+                leases.remove(old.as_str()).map_err(db_err)?;
+            }
         }
         txn.commit().map_err(db_err)?;
         Ok(token)
@@ -157,9 +162,9 @@ mod tests {
         let loaded = Store::open(dir.path()).unwrap();
         assert!(loaded.leases.is_empty());
         let s = loaded.store;
-        assert_eq!(s.grant("a", "id1", "h1", 1000).unwrap(), 1);
-        assert_eq!(s.grant("b", "id2", "h2", 2000).unwrap(), 2);
-        assert_eq!(s.grant("a", "id3", "h3", 3000).unwrap(), 3);
+        assert_eq!(s.grant("a", "id1", "h1", 1000, &[]).unwrap(), 1);
+        assert_eq!(s.grant("b", "id2", "h2", 2000, &[]).unwrap(), 2);
+        assert_eq!(s.grant("a", "id3", "h3", 3000, &[]).unwrap(), 3);
         s.remove("b").unwrap();
         drop(s);
 
@@ -171,6 +176,6 @@ mod tests {
         assert_eq!(lease.holder, "h3");
         assert_eq!(lease.token, 3);
         assert_eq!(lease.ttl_ms, 3000);
-        assert_eq!(loaded.store.grant("c", "id4", "h4", 1).unwrap(), 4);
+        assert_eq!(loaded.store.grant("c", "id4", "h4", 1, &[]).unwrap(), 4);
     }
 }

@@ -9,7 +9,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::{Config, LockService};
+use crate::{Config, LockService, lock};
 
 struct Reply {
     status: StatusCode,
@@ -357,4 +357,29 @@ async fn close_frees_the_data_dir_and_refuses_grants_with_503() {
     let r = acquire(&again, "m", "b", 1000).await;
     assert_eq!(r.status, StatusCode::CREATED);
     assert_eq!(r.body["token"], 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grants_forget_expired_leases_of_other_locks() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = open(dir.path());
+    let app = svc.router();
+    let old = acquire(&app, "abandoned", "a", 1000).await;
+    let old_id = old.body["lease_id"].as_str().unwrap().to_owned();
+    acquire(&app, "kept", "a", 60_000).await;
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    // This grant sweeps the expired "abandoned" lease from memory and disk.
+    assert_eq!(acquire(&app, "other", "b", 60_000).await.status, StatusCode::CREATED);
+    assert!(!lock(&svc.inner.table).by_name.contains_key("abandoned"));
+    assert!(!lock(&svc.inner.table).by_id.contains_key(&old_id));
+    assert!(lock(&svc.inner.table).by_name.contains_key("kept"));
+    drop(app);
+    drop(svc);
+
+    let svc = open(dir.path());
+    let app = svc.router();
+    // Free at once after the restart; the live ones are still held.
+    assert_eq!(acquire(&app, "abandoned", "c", 1000).await.status, StatusCode::CREATED);
+    assert_eq!(acquire(&app, "kept", "c", 1000).await.status, StatusCode::CONFLICT);
+    assert_eq!(acquire(&app, "other", "c", 1000).await.status, StatusCode::CONFLICT);
 }

@@ -70,15 +70,15 @@ async fn keepalives_hold_the_lock_past_its_ttl() {
     let dir = tempfile::tempdir().unwrap();
     let svc = start(dir.path()).await;
     let client = DemoLockClient::new(svc.base_url()).unwrap();
-    let lease = client.lease("l", "a", Duration::from_millis(600)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let lease = client.lease("l", "a", Duration::from_millis(1500)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(4000)).await;
     assert!(lease.is_valid(), "lost: {:?}", lease.loss_reason());
     let status = client.lock_status("l").await.unwrap().expect("still held");
     assert_eq!(status.token, lease.token());
-    assert!(matches!(client.lease("l", "b", Duration::from_millis(600)).await, Err(LockError::Held { .. })));
+    assert!(matches!(client.lease("l", "b", Duration::from_millis(1500)).await, Err(LockError::Held { .. })));
     // Dropping the handle stops renewals: the lock lapses within one TTL.
     drop(lease);
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     assert_eq!(client.lock_status("l").await.unwrap(), None);
     drop(client);
     svc.shutdown().await.unwrap();

@@ -19,6 +19,8 @@ struct Fake {
     ok_renewals: usize,
     failure: Option<Failure>,
     acquire_hangs: bool,
+    /// How long each keepalive takes to answer.
+    delay: Duration,
     keepalives: Mutex<Vec<Instant>>,
     releases: AtomicUsize,
 }
@@ -29,6 +31,7 @@ impl Fake {
             ok_renewals,
             failure,
             acquire_hangs: false,
+            delay: Duration::ZERO,
             keepalives: Mutex::new(Vec::new()),
             releases: AtomicUsize::new(0),
         })
@@ -68,6 +71,7 @@ impl LockBackend for Fake {
                 k.push(Instant::now());
                 k.len()
             };
+            sleep(self.delay).await;
             if n <= self.ok_renewals {
                 return Ok(());
             }
@@ -242,6 +246,7 @@ async fn bad_options_and_hanging_acquire_are_errors() {
         ok_renewals: 0,
         failure: None,
         acquire_hangs: true,
+        delay: Duration::ZERO,
         keepalives: Mutex::new(Vec::new()),
         releases: AtomicUsize::new(0),
     });
@@ -249,4 +254,28 @@ async fn bad_options_and_hanging_acquire_are_errors() {
     let err = Lease::acquire(hanging, "job", "me", TTL).await.unwrap_err();
     assert_eq!(err, LockError::Timeout);
     assert_eq!(Instant::now() - start, ms(1000));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_counts_from_when_the_renewal_was_sent() {
+    let fake = Arc::new(Fake {
+        ok_renewals: usize::MAX,
+        failure: None,
+        acquire_hangs: false,
+        delay: ms(400),
+        keepalives: Mutex::new(Vec::new()),
+        releases: AtomicUsize::new(0),
+    });
+    let start = Instant::now();
+    let lease = lease(&fake).await;
+    // First renewal sent at 1 s, answered at 1.4 s: deadline 1 s + 2.7 s, not 1.4 s + 2.7 s.
+    sleep(ms(1500)).await;
+    assert_eq!(fake.keepalive_times().len(), 1);
+    assert_eq!(lease.deadline(), start + ms(3700));
+    // The next one is sent a third of the TTL after the previous send.
+    sleep(ms(1000)).await;
+    let offsets: Vec<Duration> = fake.keepalive_times().iter().map(|t| *t - start).collect();
+    assert_eq!(offsets, vec![ms(1000), ms(2000)]);
+    assert_eq!(lease.deadline(), start + ms(4700));
+    assert!(lease.is_valid());
 }

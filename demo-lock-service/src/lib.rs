@@ -263,7 +263,7 @@ impl LockService {
                     holder: lease.holder,
                     token: lease.token,
                     ttl,
-                    expires: now + ttl,
+                    expires: expiry(now, ttl),
                 },
             );
         }
@@ -301,7 +301,7 @@ impl LockService {
     fn validate(&self, name: &str, holder: &str, ttl: Duration) -> Result<(), AcquireError> {
         check_text("name", name)?;
         check_text("holder", holder)?;
-        let max = self.inner.config.max_ttl;
+        let max = self.inner.config.max_ttl.min(CENTURY);
         if ttl.is_zero() || ttl > max {
             return Err(AcquireError::Invalid(format!("ttl_ms must be between 1 and {}", max.as_millis())));
         }
@@ -318,7 +318,7 @@ impl LockService {
         if live.lease_id != lease_id || live.expires <= now {
             return None;
         }
-        live.expires = now + live.ttl;
+        live.expires = expiry(now, live.ttl);
         Some(Renewal { lease_id: live.lease_id.clone(), token: live.token, ttl: live.ttl })
     }
 
@@ -445,7 +445,13 @@ impl Inner {
             }
             table.insert(
                 name.clone(),
-                Live { lease_id: lease_id.clone(), holder: holder.clone(), token, ttl, expires: now + ttl },
+                Live {
+                    lease_id: lease_id.clone(),
+                    holder: holder.clone(),
+                    token,
+                    ttl,
+                    expires: expiry(now, ttl),
+                },
             );
         }
         drop(guard);
@@ -543,6 +549,15 @@ fn new_lease_id() -> Result<String, String> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for a lease id: {e}"))?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// No TTL is accepted above this, whatever `max_ttl` says, so instants never overflow.
+const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+
+/// `now + ttl`; `ttl` is at most a [`CENTURY`] (validated), which cannot overflow a
+/// monotonic clock counted from boot.
+fn expiry(now: Instant, ttl: Duration) -> Instant {
+    now.checked_add(ttl.min(CENTURY)).unwrap_or(now)
 }
 
 /// Milliseconds in `d`, rounded up (so a live lease never shows 0).

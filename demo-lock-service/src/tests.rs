@@ -383,3 +383,18 @@ async fn grants_forget_expired_leases_of_other_locks() {
     assert_eq!(acquire(&app, "kept", "c", 1000).await.status, StatusCode::CONFLICT);
     assert_eq!(acquire(&app, "other", "c", 1000).await.status, StatusCode::CONFLICT);
 }
+
+#[tokio::test]
+async fn a_huge_max_ttl_never_overflows() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = LockService::open(Config::new(dir.path()).with_max_ttl(Duration::MAX)).unwrap();
+    let app = svc.router();
+    assert_problem(&acquire(&app, "l", "a", u64::MAX).await, StatusCode::BAD_REQUEST);
+    let century_ms = 100 * 365 * 24 * 3600 * 1000;
+    let r = acquire(&app, "l", "a", century_ms).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let id = r.body["lease_id"].as_str().unwrap();
+    let ka = call(&app, Method::POST, &format!("/v1/leases/{id}/keepalive"), None).await;
+    assert_eq!(ka.status, StatusCode::OK);
+    assert_eq!(acquire(&app, "l", "b", 1000).await.status, StatusCode::CONFLICT);
+}

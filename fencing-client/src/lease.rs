@@ -59,6 +59,11 @@ impl LeaseOptions {
                 resolved.safety_margin
             )));
         }
+        // Instants must not overflow: cap everything at a century.
+        const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        if ttl > CENTURY || resolved.renew_every > CENTURY || resolved.request_timeout > CENTURY {
+            return Err(LockError::InvalidArgument("durations above a century are not supported".into()));
+        }
         if resolved.renew_every.is_zero() || resolved.request_timeout.is_zero() {
             return Err(LockError::InvalidArgument(
                 "renewal interval and request timeout must be positive".into(),

@@ -279,3 +279,13 @@ async fn the_deadline_counts_from_when_the_renewal_was_sent() {
     assert_eq!(lease.deadline(), start + ms(4700));
     assert!(lease.is_valid());
 }
+
+#[tokio::test]
+async fn absurd_durations_are_refused_not_panics() {
+    let fake = Fake::new(usize::MAX, None);
+    let err = Lease::acquire(fake.clone(), "job", "me", Duration::MAX).await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidArgument(_)), "{err:?}");
+    let options = LeaseOptions::default().renew_every(Duration::MAX);
+    let err = Lease::acquire_with(fake.clone(), "job", "me", TTL, options).await.unwrap_err();
+    assert!(matches!(err, LockError::InvalidArgument(_)), "{err:?}");
+}

@@ -132,3 +132,95 @@ impl Reply {
         problem
     }
 }
+
+/// What happened inside the handler, in one total order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The handler started for `(key, token)`.
+    Enter(u64, u64),
+    /// The handler returned.
+    Exit(u64, u64),
+    /// The handler's future was dropped before it returned.
+    Dropped(u64, u64),
+}
+
+/// A handler at `/r/{key}` that records its entry and exit, and can be held
+/// inside until released, per token.
+#[derive(Clone, Default)]
+pub struct Probe {
+    events: Arc<Mutex<Vec<Event>>>,
+    gates: Arc<Mutex<std::collections::HashMap<u64, Arc<tokio::sync::Semaphore>>>>,
+}
+
+struct Inside {
+    probe: Probe,
+    key: u64,
+    token: u64,
+    done: bool,
+}
+
+impl Drop for Inside {
+    fn drop(&mut self) {
+        let event =
+            if self.done { Event::Exit(self.key, self.token) } else { Event::Dropped(self.key, self.token) };
+        self.probe.events.lock().unwrap().push(event);
+    }
+}
+
+impl Probe {
+    /// Requests with `token` stay inside the handler until [`release`](Self::release).
+    pub fn hold(&self, token: u64) {
+        self.gate(token);
+    }
+
+    pub fn release(&self, token: u64) {
+        self.gate(token).close();
+    }
+
+    fn gate(&self, token: u64) -> Arc<tokio::sync::Semaphore> {
+        let mut gates = self.gates.lock().unwrap();
+        gates.entry(token).or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(0))).clone()
+    }
+
+    pub fn events(&self) -> Vec<Event> {
+        self.events.lock().unwrap().clone()
+    }
+
+    pub fn router<E, R>(&self, layer: FencingLayer<E, R>) -> Router
+    where
+        E: KeyExtractor<Body> + Clone + Send + Sync + 'static,
+        R: RejectionResponder<Body> + Clone + Send + Sync + 'static,
+    {
+        let probe = self.clone();
+        let handler = move |Path(key): Path<u64>, axum::Extension(token): axum::Extension<FencingToken>| {
+            let probe = probe.clone();
+            async move {
+                let token = token.get();
+                probe.events.lock().unwrap().push(Event::Enter(key, token));
+                let mut inside = Inside { probe: probe.clone(), key, token, done: false };
+                let gate = probe.gates.lock().unwrap().get(&token).cloned();
+                if let Some(gate) = gate {
+                    let _ = gate.acquire().await;
+                }
+                inside.done = true;
+                "ok"
+            }
+        };
+        Router::new().route("/r/{key}", post(handler)).route_layer(layer)
+    }
+
+    /// Waits (on whatever clock the runtime has) until `event` has happened.
+    pub async fn wait_for(&self, event: Event) {
+        while !self.events().contains(&event) {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// A fenced POST to `/r/{key}` with `token`, through `oneshot`.
+pub async fn post_token(router: &Router, key: u64, token: u64) -> Reply {
+    use tower::ServiceExt;
+    let request =
+        Request::post(format!("/r/{key}")).header("fencing-token", token).body(Body::empty()).unwrap();
+    Reply::read(router.clone().oneshot(request).await.unwrap()).await
+}

@@ -31,6 +31,7 @@ use http::{HeaderValue, Request, StatusCode, header};
 use percent_encoding::percent_decode_str;
 
 use crate::key::KeyExtractor;
+use crate::respond::Problem;
 use crate::token::FencingToken;
 
 impl<S: Send + Sync> FromRequestParts<S> for FencingToken {
@@ -70,13 +71,8 @@ impl std::error::Error for MissingFencingToken {}
 
 impl IntoResponse for MissingFencingToken {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "type": format!("{}missing-layer", crate::PROBLEM_TYPE_PREFIX),
-            "title": "Fencing layer missing",
-            "status": 500,
-            "detail": self.to_string(),
-        });
-        let mut response = (StatusCode::INTERNAL_SERVER_ERROR, body.to_string()).into_response();
+        let body = Problem::plain("missing-layer", "Fencing layer missing", 500, self.to_string()).to_bytes();
+        let mut response = (StatusCode::INTERNAL_SERVER_ERROR, body).into_response();
         response
             .headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));

@@ -23,7 +23,7 @@
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, header};
-use serde_json::{Map, Value, json};
+use serde::Serialize;
 
 use crate::rejection::Rejection;
 
@@ -44,10 +44,16 @@ where
 
 /// The default responder: an RFC 9457 problem details body.
 ///
-/// ```json
-/// {"type":"urn:fencing:problem:stale-token","title":"Stale fencing token","status":409,
-///  "detail":"fencing token 1 is stale for /logs/x: the highest seen is 2",
-///  "key":"/logs/x","presented_token":1,"highest_token":2}
+/// ```
+/// use fencing_layer::{ProblemJson, Rejection};
+///
+/// let stale = Rejection::Stale { key: "/logs/x".into(), presented: 1, highest: 2 };
+/// assert_eq!(
+///     ProblemJson::body(&stale),
+///     r#"{"type":"urn:fencing:problem:stale-token","title":"Stale fencing token","status":409,"#.to_owned()
+///         + r#""detail":"fencing token 1 is stale for /logs/x: the highest seen is 2","#
+///         + r#""key":"/logs/x","presented_token":1,"highest_token":2}"#
+/// );
 /// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProblemJson;
@@ -55,33 +61,64 @@ pub struct ProblemJson;
 /// The prefix of every problem `type` URI this crate emits.
 pub const PROBLEM_TYPE_PREFIX: &str = "urn:fencing:problem:";
 
+/// The problem details members, serialized in this order.
+#[derive(Serialize)]
+pub(crate) struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presented_token: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    highest_token: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key_limit: Option<usize>,
+}
+
+impl Problem<'_> {
+    /// A problem with only the standard members.
+    pub(crate) fn plain(kind: &str, title: &'static str, status: u16, detail: String) -> Self {
+        Problem {
+            kind: format!("{PROBLEM_TYPE_PREFIX}{kind}"),
+            title,
+            status,
+            detail,
+            key: None,
+            presented_token: None,
+            highest_token: None,
+            key_limit: None,
+        }
+    }
+
+    pub(crate) fn to_bytes(&self) -> Bytes {
+        // Serializing strings and integers cannot fail.
+        serde_json::to_vec(self).map(Bytes::from).unwrap_or_default()
+    }
+}
+
 impl ProblemJson {
-    /// The problem details object for `rejection`.
+    /// The problem details document for `rejection`, as JSON bytes.
     #[must_use]
-    pub fn body(rejection: &Rejection) -> Value {
-        let mut body = Map::new();
-        body.insert("type".into(), format!("{PROBLEM_TYPE_PREFIX}{}", rejection.kind()).into());
-        body.insert("title".into(), title(rejection).into());
-        body.insert("status".into(), rejection.status().as_u16().into());
-        body.insert("detail".into(), rejection.to_string().into());
-        match rejection {
+    pub fn body(rejection: &Rejection) -> Bytes {
+        let (key, presented_token, highest_token, key_limit) = match rejection {
             Rejection::Stale { key, presented, highest }
             | Rejection::Cancelled { key, presented, highest } => {
-                body.insert("key".into(), key.as_str().into());
-                body.insert("presented_token".into(), (*presented).into());
-                body.insert("highest_token".into(), (*highest).into());
+                (Some(key.as_str()), Some(*presented), Some(*highest), None)
             }
             Rejection::DrainTimeout { key, presented, .. }
             | Rejection::StoreUnavailable { key, presented, .. } => {
-                body.insert("key".into(), key.as_str().into());
-                body.insert("presented_token".into(), (*presented).into());
+                (Some(key.as_str()), Some(*presented), None, None)
             }
-            Rejection::KeyTableFull { limit } => {
-                body.insert("key_limit".into(), json!(limit));
-            }
-            _ => {}
-        }
-        Value::Object(body)
+            Rejection::KeyTableFull { limit } => (None, None, None, Some(*limit)),
+            _ => (None, None, None, None),
+        };
+        let status = rejection.status().as_u16();
+        let plain = Problem::plain(rejection.kind(), title(rejection), status, rejection.to_string());
+        Problem { key, presented_token, highest_token, key_limit, ..plain }.to_bytes()
     }
 }
 
@@ -100,8 +137,7 @@ fn title(rejection: &Rejection) -> &'static str {
 
 impl<B: From<Bytes>> RejectionResponder<B> for ProblemJson {
     fn respond(&self, rejection: &Rejection) -> Response<B> {
-        let body = Bytes::from(Self::body(rejection).to_string());
-        let mut response = Response::new(B::from(body));
+        let mut response = Response::new(B::from(Self::body(rejection)));
         *response.status_mut() = rejection.status();
         response
             .headers_mut()

@@ -99,6 +99,39 @@ impl Rejection {
         }
     }
 
+    /// The resource key, where the rejection concerns one.
+    #[must_use]
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            Self::Stale { key, .. }
+            | Self::Cancelled { key, .. }
+            | Self::DrainTimeout { key, .. }
+            | Self::StoreUnavailable { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// The token the request presented, where it had a valid one.
+    #[must_use]
+    pub fn presented(&self) -> Option<u64> {
+        match self {
+            Self::Stale { presented, .. }
+            | Self::Cancelled { presented, .. }
+            | Self::DrainTimeout { presented, .. }
+            | Self::StoreUnavailable { presented, .. } => Some(*presented),
+            _ => None,
+        }
+    }
+
+    /// The highest token seen for the key, for stale and cancelled requests.
+    #[must_use]
+    pub fn highest(&self) -> Option<u64> {
+        match self {
+            Self::Stale { highest, .. } | Self::Cancelled { highest, .. } => Some(*highest),
+            _ => None,
+        }
+    }
+
     /// The seconds a client should wait before retrying, for the `Retry-After` header.
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {

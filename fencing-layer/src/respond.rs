@@ -104,21 +104,20 @@ impl ProblemJson {
     /// The problem details document for `rejection`, as JSON bytes.
     #[must_use]
     pub fn body(rejection: &Rejection) -> Bytes {
-        let (key, presented_token, highest_token, key_limit) = match rejection {
-            Rejection::Stale { key, presented, highest }
-            | Rejection::Cancelled { key, presented, highest } => {
-                (Some(key.as_str()), Some(*presented), Some(*highest), None)
-            }
-            Rejection::DrainTimeout { key, presented, .. }
-            | Rejection::StoreUnavailable { key, presented, .. } => {
-                (Some(key.as_str()), Some(*presented), None, None)
-            }
-            Rejection::KeyTableFull { limit } => (None, None, None, Some(*limit)),
-            _ => (None, None, None, None),
+        let key_limit = match rejection {
+            Rejection::KeyTableFull { limit } => Some(*limit),
+            _ => None,
         };
         let status = rejection.status().as_u16();
         let plain = Problem::plain(rejection.kind(), title(rejection), status, rejection.to_string());
-        Problem { key, presented_token, highest_token, key_limit, ..plain }.to_bytes()
+        Problem {
+            key: rejection.key(),
+            presented_token: rejection.presented(),
+            highest_token: rejection.highest(),
+            key_limit,
+            ..plain
+        }
+        .to_bytes()
     }
 }
 

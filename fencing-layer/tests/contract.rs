@@ -287,6 +287,25 @@ both_ways!(
     a_drain_past_its_bound_is_503_with_retry_after,
 );
 
+#[tokio::test]
+async fn a_custom_responder_replaces_the_body_but_not_the_contract() {
+    let layer =
+        FencingLayer::new().drain_timeout(Duration::from_secs(1)).on_rejection(|rejection: &Rejection| {
+            http::Response::builder()
+                .status(rejection.status())
+                .body(Body::from(format!("no: {}", rejection.kind())))
+                .unwrap()
+        });
+    let (router, _) = app(layer);
+    let client = Client::Oneshot(router.clone());
+    assert_eq!(client.post("/logs/a", "2").await.status, StatusCode::OK);
+    let request = Request::post("/logs/a").header("fencing-token", "1").body(Body::empty()).unwrap();
+    let response = router.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert_eq!(response.extensions().get::<Rejection>().and_then(Rejection::highest), Some(2));
+    assert_eq!(&Reply::read(response).await.body[..], b"no: stale-token");
+}
+
 #[test]
 fn token_errors_name_what_is_wrong() {
     assert_eq!(Rejection::InvalidToken(TokenError::Repeated).status(), StatusCode::BAD_REQUEST);

@@ -1,1 +1,319 @@
-//! Placeholder: filled by its own issue.
+//! A small storage service whose write routes are fenced by [`fencing_layer`], and
+//! the seed's lease scenario run against it over real HTTP.
+//!
+//! Routes (errors are RFC 9457 `application/problem+json`):
+//!
+//! | route | success | errors |
+//! |---|---|---|
+//! | `POST /logs/{name}` (fenced), body: UTF-8 text | 201 `{"log","index","token"}` | 400 invalid UTF-8 or bad `delay_ms`; 413 body over [`MAX_BODY_BYTES`]; the layer's 428/400/409/503 |
+//! | `GET /logs/{name}` | 200 `{"entries":[{"token","value"}]}` in append order (`token` null when unfenced) | 404 nothing appended yet |
+//! | `PUT /kv/{key}` (fenced), body: UTF-8 text | 201 new, 200 replaced: `{"key","token"}` | as `POST /logs` |
+//! | `GET /kv/{key}` | 200 `{"key","token","value"}` | 404 unknown key |
+//! | `DELETE /kv/{key}` (fenced) | 204 | 404 unknown key; the layer's errors |
+//! | `GET /healthz` | 200 `ok` | |
+//!
+//! Write routes take `?delay_ms=N` (0 to [`MAX_DELAY_MS`]): the handler waits that
+//! long after the layer admitted the request and before applying the write, to
+//! reproduce a write still in flight when a newer lease holder arrives.
+//!
+//! The fencing layer is added with one line, as to any existing router (see
+//! [`Resource::router`]); each path (`/logs/billing`, `/kv/k`) has its own mark.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use demo_resource::{Config, Resource};
+//!
+//! let resource = Resource::open(Config::durable("/tmp/resource"))?;
+//! let running = resource.spawn("127.0.0.1:0".parse()?).await?;
+//! println!("resource at {}", running.base_url());
+//! running.shutdown().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it.
+
+mod http;
+pub mod scenario;
+mod store;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencing_layer::{FencingLayer, MarkStore};
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+use crate::store::Data;
+pub use crate::store::Entry;
+
+/// Largest accepted body of a write, in bytes (64 KiB); a larger one gets 413.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Largest accepted `delay_ms` (10 s); a larger one gets 400.
+pub const MAX_DELAY_MS: u64 = 10_000;
+/// Longest log name or key, in bytes; a longer one gets 400.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// Where a [`Resource`] keeps its data and marks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Storage {
+    /// `data.redb` and `marks.redb` in this directory (created if missing):
+    /// both survive `kill -9` and restarts.
+    Dir(PathBuf),
+    /// Memory only: a restart forgets data and marks.
+    InMemory,
+}
+
+/// Configuration of a [`Resource`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Where data and marks live.
+    pub storage: Storage,
+    /// Whether the write routes are fenced (`--no-fencing` turns it off).
+    pub fencing: bool,
+}
+
+impl Config {
+    /// Fenced, durable in `dir`.
+    pub fn durable(dir: impl Into<PathBuf>) -> Self {
+        Self { storage: Storage::Dir(dir.into()), fencing: true }
+    }
+
+    /// Fenced, in memory.
+    pub fn in_memory() -> Self {
+        Self { storage: Storage::InMemory, fencing: true }
+    }
+
+    /// The same routes without the fencing layer: stale writes get through.
+    pub fn without_fencing(mut self) -> Self {
+        self.fencing = false;
+        self
+    }
+}
+
+/// Why [`Resource::open`] failed.
+#[derive(Debug)]
+pub struct OpenError(String);
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "cannot open the resource: {}", self.0)
+    }
+}
+
+impl std::error::Error for OpenError {}
+
+/// The storage service: data, marks, and the bookkeeping of writes in flight.
+#[derive(Debug, Clone)]
+pub struct Resource {
+    app: App,
+    marks: Option<MarkStore>,
+}
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub(crate) struct App {
+    data: Arc<Data>,
+    /// Resource path → how many writes are inside their handler.
+    in_flight: Arc<watch::Sender<BTreeMap<String, usize>>>,
+    /// Bumped by [`Resource::finish_delays`]: every `delay_ms` wait then ends.
+    delays: Arc<watch::Sender<u64>>,
+}
+
+impl App {
+    /// Counts a write to `resource` as inside its handler until the guard drops.
+    fn enter(&self, resource: &str) -> InFlight {
+        // Subscribe first: a `finish_delays` seen by anyone counting this write reaches it.
+        let delays = self.delays.subscribe();
+        self.in_flight.send_modify(|map| *map.entry(resource.to_owned()).or_default() += 1);
+        InFlight { resource: resource.to_owned(), in_flight: Arc::clone(&self.in_flight), delays }
+    }
+}
+
+/// A write inside its handler (admitted, not yet answered).
+pub(crate) struct InFlight {
+    resource: String,
+    in_flight: Arc<watch::Sender<BTreeMap<String, usize>>>,
+    delays: watch::Receiver<u64>,
+}
+
+impl InFlight {
+    /// Waits `delay`, or less if [`Resource::finish_delays`] is called meanwhile.
+    async fn delay(&mut self, delay: Duration) {
+        if delay.is_zero() {
+            return;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = self.delays.changed() => {}
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.in_flight.send_modify(|map| {
+            if let Some(n) = map.get_mut(&self.resource) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(&self.resource);
+                }
+            }
+        });
+    }
+}
+
+impl Resource {
+    /// Opens the data (and, when fenced, the marks) as `config` says.
+    ///
+    /// # Errors
+    ///
+    /// The directory or a database file cannot be created or opened (another
+    /// process may have it).
+    pub fn open(config: Config) -> Result<Self, OpenError> {
+        let (data, marks) = match &config.storage {
+            Storage::Dir(dir) => {
+                std::fs::create_dir_all(dir).map_err(|e| OpenError(format!("{}: {e}", dir.display())))?;
+                let data = Data::open(&dir.join("data.redb")).map_err(|e| OpenError(format!("data: {e}")))?;
+                let marks = if config.fencing {
+                    let marks = MarkStore::open(dir.join("marks.redb"));
+                    Some(marks.map_err(|e| OpenError(format!("marks: {e}")))?)
+                } else {
+                    None
+                };
+                (data, marks)
+            }
+            Storage::InMemory => {
+                let data = Data::in_memory().map_err(|e| OpenError(format!("data: {e}")))?;
+                (data, config.fencing.then(MarkStore::in_memory))
+            }
+        };
+        let app = App {
+            data: Arc::new(data),
+            in_flight: Arc::new(watch::Sender::new(BTreeMap::new())),
+            delays: Arc::new(watch::Sender::new(0)),
+        };
+        Ok(Self { app, marks })
+    }
+
+    /// The service's routes, fenced unless the config said otherwise.
+    pub fn router(&self) -> axum::Router {
+        let routes = http::routes();
+        let routes = match &self.marks {
+            // The one line that fences an existing router's write routes. `route_layer`,
+            // so unknown routes are 404 without touching the key table.
+            Some(marks) => routes.route_layer(FencingLayer::new().store(marks.clone())),
+            None => routes,
+        };
+        http::finish(routes, self.app.clone())
+    }
+
+    /// The fencing marks, or `None` without fencing.
+    pub fn mark_store(&self) -> Option<&MarkStore> {
+        self.marks.as_ref()
+    }
+
+    /// How many writes to `resource` (a path such as `/logs/billing`) are inside
+    /// their handler now: admitted by the layer and not yet answered.
+    pub fn in_flight(&self, resource: &str) -> usize {
+        self.app.in_flight.borrow().get(resource).copied().unwrap_or(0)
+    }
+
+    /// Waits until [`in_flight`](Self::in_flight) for `resource` is `count`.
+    pub async fn wait_in_flight(&self, resource: &str, count: usize) {
+        let mut watch = self.app.in_flight.subscribe();
+        // The sender lives in `self`, so the channel cannot close while we wait.
+        let _ = watch.wait_for(|map| map.get(resource).copied().unwrap_or(0) == count).await;
+    }
+
+    /// Ends every `delay_ms` wait now in progress, as if the slow writes had
+    /// reached the end of their delay: lets the scenario finish quickly without
+    /// guessing how long its steps take.
+    pub fn finish_delays(&self) {
+        self.app.delays.send_modify(|epoch| *epoch += 1);
+    }
+
+    /// Serves on `listener` until `shutdown` completes, then finishes open requests.
+    ///
+    /// # Errors
+    ///
+    /// Accepting connections failed.
+    pub async fn serve<F>(&self, listener: TcpListener, shutdown: F) -> std::io::Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await
+    }
+
+    /// Binds `addr` (`127.0.0.1:0` picks a free port) and serves in a background task.
+    ///
+    /// # Errors
+    ///
+    /// The address cannot be bound.
+    pub async fn spawn(self, addr: SocketAddr) -> std::io::Result<RunningResource> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let (stop, stopped) = oneshot::channel::<()>();
+        let resource = self.clone();
+        let task = tokio::spawn(async move {
+            resource
+                .serve(listener, async {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Ok(RunningResource { addr, resource: self, stop: Some(stop), task })
+    }
+}
+
+/// A resource started by [`Resource::spawn`]. Dropping it stops the server
+/// without waiting; [`shutdown`](Self::shutdown) waits.
+#[derive(Debug)]
+pub struct RunningResource {
+    addr: SocketAddr,
+    resource: Resource,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl RunningResource {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, without a trailing slash.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The resource being served.
+    pub fn resource(&self) -> &Resource {
+        &self.resource
+    }
+
+    /// Stops accepting connections and waits for open requests to finish.
+    ///
+    /// # Errors
+    ///
+    /// Serving failed, or the server task panicked.
+    pub async fn shutdown(mut self) -> std::io::Result<()> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.map_err(std::io::Error::other)?
+    }
+}
+
+impl Drop for RunningResource {
+    fn drop(&mut self) {
+        if self.stop.is_some() {
+            self.task.abort();
+        }
+    }
+}

@@ -1,0 +1,339 @@
+//! Routes, handlers and problem+json errors.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use fencing_layer::FencingToken;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::Serialize;
+use serde_json::{Map, Value, json};
+
+use crate::store::{Data, DataError};
+use crate::{App, MAX_BODY_BYTES, MAX_DELAY_MS, MAX_NAME_BYTES};
+
+/// The data routes. The caller puts the fencing layer on them (or not).
+pub(crate) fn routes() -> Router<App> {
+    Router::new()
+        .route("/logs/{name}", post(append).get(read_log))
+        .route("/kv/{key}", put(put_value).get(get_value).delete(delete_value))
+}
+
+/// Adds the routes nobody fences, and problem+json for unknown routes and methods.
+pub(crate) fn finish(routes: Router<App>, app: App) -> Router {
+    routes
+        .route("/healthz", get(|| async { "ok" }))
+        .method_not_allowed_fallback(|| async {
+            Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed")
+                .detail("this route does not accept that method")
+        })
+        .fallback(|| async {
+            Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found").detail("no such route")
+        })
+        .with_state(app)
+}
+
+/// An RFC 9457 problem details response.
+#[derive(Debug)]
+pub(crate) struct Problem {
+    status: StatusCode,
+    body: ProblemBody,
+}
+
+/// The problem object, fields in the RFC's order, then the extension members.
+#[derive(Debug, Serialize)]
+struct ProblemBody {
+    r#type: String,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(flatten)]
+    extra: Map<String, Value>,
+}
+
+impl Problem {
+    fn new(status: StatusCode, kind: &str, title: &'static str) -> Self {
+        let body = ProblemBody {
+            r#type: format!("urn:demo-resource:problem:{kind}"),
+            title,
+            status: status.as_u16(),
+            detail: String::new(),
+            extra: Map::new(),
+        };
+        Self { status, body }
+    }
+
+    fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.body.detail = detail.into();
+        self
+    }
+
+    fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
+        self.body.extra.insert(field.into(), value.into());
+        self
+    }
+
+    fn bad_request(kind: &str, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, kind, "Bad request").detail(detail)
+    }
+
+    fn internal(error: impl std::fmt::Display) -> Self {
+        tracing::error!("{error}");
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error").detail(error.to_string())
+    }
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let body = serde_json::to_string(&self.body).unwrap_or_default();
+        let mut response = (self.status, body).into_response();
+        response
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        response
+    }
+}
+
+/// `POST /logs/{name}`'s answer.
+#[derive(Serialize)]
+struct Appended {
+    log: String,
+    index: u64,
+    token: Option<u64>,
+}
+
+/// `PUT /kv/{key}`'s answer.
+#[derive(Serialize)]
+struct Stored {
+    key: String,
+    token: Option<u64>,
+}
+
+/// `GET /kv/{key}`'s answer.
+#[derive(Serialize)]
+struct KeyValue {
+    key: String,
+    token: Option<u64>,
+    value: String,
+}
+
+impl From<DataError> for Problem {
+    fn from(error: DataError) -> Self {
+        match error {
+            DataError::Stale { presented, highest } => {
+                Problem::new(StatusCode::CONFLICT, "stale-token", "Stale fencing token")
+                    .detail(format!("fencing token {presented} is below {highest}, already written here"))
+                    .with("presented_token", presented)
+                    .with("highest_token", highest)
+            }
+            DataError::Storage(error) => Problem::internal(format!("storage failed: {error}")),
+        }
+    }
+}
+
+/// A path parameter, or 400 when it does not decode or is too long.
+fn name(path: Result<Path<String>, PathRejection>) -> Result<String, Problem> {
+    let Path(name) = path.map_err(|e| Problem::bad_request("bad-path", e.body_text()))?;
+    if name.len() > MAX_NAME_BYTES {
+        return Err(Problem::bad_request(
+            "name-too-long",
+            format!("names are at most {MAX_NAME_BYTES} bytes"),
+        ));
+    }
+    Ok(name)
+}
+
+/// Parses the query of a write route: only `delay_ms`, at most once, a decimal
+/// number of milliseconds up to [`MAX_DELAY_MS`].
+pub(crate) fn parse_delay(query: Option<&str>) -> Result<Duration, Problem> {
+    let mut delay = None;
+    for pair in query.unwrap_or_default().split('&').filter(|pair| !pair.is_empty()) {
+        let (param, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if param != "delay_ms" {
+            return Err(Problem::bad_request("bad-query", format!("unknown query parameter {param:?}")));
+        }
+        if delay.is_some() {
+            return Err(Problem::bad_request("bad-query", "delay_ms given more than once"));
+        }
+        let ms = Some(value)
+            .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|v| v.parse::<u64>().ok())
+            .filter(|ms| *ms <= MAX_DELAY_MS)
+            .ok_or_else(|| {
+                Problem::bad_request(
+                    "bad-query",
+                    format!("delay_ms must be a whole number of milliseconds from 0 to {MAX_DELAY_MS}"),
+                )
+            })?;
+        delay = Some(Duration::from_millis(ms));
+    }
+    Ok(delay.unwrap_or_default())
+}
+
+/// Reads the whole body as UTF-8 text of at most [`MAX_BODY_BYTES`].
+async fn read_text(body: Body) -> Result<String, Problem> {
+    let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) if error.is::<LengthLimitError>() => {
+            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
+                .detail(format!("the body must be at most {MAX_BODY_BYTES} bytes"))
+                .with("max_bytes", MAX_BODY_BYTES));
+        }
+        Err(error) => return Err(Problem::bad_request("bad-body", format!("cannot read the body: {error}"))),
+    };
+    String::from_utf8(bytes.into()).map_err(|e| {
+        Problem::bad_request("invalid-utf8", format!("the body must be UTF-8 text: {}", e.utf8_error()))
+    })
+}
+
+/// What every write does between admission and applying it: count itself in
+/// flight, validate the query and the body, then wait out `delay_ms`. The
+/// returned guard keeps the write counted until it is dropped, after the commit.
+async fn prepare(
+    app: &App,
+    resource: &str,
+    query: Option<String>,
+    body: Body,
+) -> Result<(crate::InFlight, String), Problem> {
+    let mut in_flight = app.enter(resource);
+    let delay = parse_delay(query.as_deref())?;
+    let text = read_text(body).await?;
+    in_flight.delay(delay).await;
+    Ok((in_flight, text))
+}
+
+/// Runs a blocking data operation off the async threads.
+async fn blocking<T: Send + 'static>(
+    data: &Arc<Data>,
+    op: impl FnOnce(&Data) -> Result<T, DataError> + Send + 'static,
+) -> Result<T, Problem> {
+    let data = Arc::clone(data);
+    match tokio::task::spawn_blocking(move || op(&data)).await {
+        Ok(result) => result.map_err(Problem::from),
+        Err(error) => Err(Problem::internal(format!("storage task failed: {error}"))),
+    }
+}
+
+async fn append(
+    State(app): State<App>,
+    token: Option<FencingToken>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Result<Response, Problem> {
+    let log = name(path)?;
+    let resource = format!("/logs/{log}");
+    let (in_flight, text) = prepare(&app, &resource, query, body).await?;
+    let raw = token.map(FencingToken::get);
+    let (r, l) = (resource.clone(), log.clone());
+    let index = blocking(&app.data, move |data| data.append(&r, &l, raw, &text)).await?;
+    drop(in_flight);
+    tracing::info!(log, index, token = raw, "appended");
+    Ok((StatusCode::CREATED, axum::Json(Appended { log, index, token: raw })).into_response())
+}
+
+async fn read_log(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, Problem> {
+    let log = name(path)?;
+    let l = log.clone();
+    match blocking(&app.data, move |data| data.log(&l)).await? {
+        Some(entries) => Ok(axum::Json(json!({ "entries": entries })).into_response()),
+        None => Err(Problem::new(StatusCode::NOT_FOUND, "unknown-log", "Unknown log")
+            .detail(format!("nothing was ever appended to log {log:?}"))),
+    }
+}
+
+async fn put_value(
+    State(app): State<App>,
+    token: Option<FencingToken>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Result<Response, Problem> {
+    let key = name(path)?;
+    let resource = format!("/kv/{key}");
+    let (in_flight, text) = prepare(&app, &resource, query, body).await?;
+    let raw = token.map(FencingToken::get);
+    let (r, k) = (resource.clone(), key.clone());
+    let created = blocking(&app.data, move |data| data.put(&r, &k, raw, &text)).await?;
+    drop(in_flight);
+    tracing::info!(key, token = raw, created, "stored");
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, axum::Json(Stored { key, token: raw })).into_response())
+}
+
+async fn get_value(
+    State(app): State<App>,
+    path: Result<Path<String>, PathRejection>,
+) -> Result<Response, Problem> {
+    let key = name(path)?;
+    let k = key.clone();
+    match blocking(&app.data, move |data| data.get(&k)).await? {
+        Some(entry) => {
+            Ok(axum::Json(KeyValue { key, token: entry.token, value: entry.value }).into_response())
+        }
+        None => Err(unknown_key(&key)),
+    }
+}
+
+async fn delete_value(
+    State(app): State<App>,
+    token: Option<FencingToken>,
+    path: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+    body: Body,
+) -> Result<Response, Problem> {
+    let key = name(path)?;
+    let resource = format!("/kv/{key}");
+    let (in_flight, _) = prepare(&app, &resource, query, body).await?;
+    let raw = token.map(FencingToken::get);
+    let (r, k) = (resource.clone(), key.clone());
+    let deleted = blocking(&app.data, move |data| data.delete(&r, &k, raw)).await?;
+    drop(in_flight);
+    if !deleted {
+        return Err(unknown_key(&key));
+    }
+    tracing::info!(key, token = raw, "deleted");
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+fn unknown_key(key: &str) -> Problem {
+    Problem::new(StatusCode::NOT_FOUND, "unknown-key", "Unknown key")
+        .detail(format!("no value for key {key:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delay_ms_is_validated() {
+        assert_eq!(parse_delay(None).unwrap(), Duration::ZERO);
+        assert_eq!(parse_delay(Some("")).unwrap(), Duration::ZERO);
+        assert_eq!(parse_delay(Some("delay_ms=250")).unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_delay(Some("delay_ms=10000")).unwrap(), Duration::from_secs(10));
+        for bad in [
+            "delay_ms=10001",
+            "delay_ms=",
+            "delay_ms",
+            "delay_ms=-1",
+            "delay_ms=+1",
+            "delay_ms=1.5",
+            "delay_ms=abc",
+            "delay_ms=99999999999999999999999",
+            "delay_ms=1&delay_ms=2",
+            "delay=1",
+        ] {
+            let problem = parse_delay(Some(bad)).unwrap_err();
+            assert_eq!(problem.status, StatusCode::BAD_REQUEST, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! `demo-resource`: the fenced storage service, and the seed's scenario.
+//!
+//! * `demo-resource serve --listen 127.0.0.1:8080 [--no-fencing] [--data-dir DIR | --in-memory]`
+//!   prints `listening on ADDR` on stdout once it accepts connections (handy with
+//!   port 0), logs to stderr (`RUST_LOG`, default `info`) and stops gracefully on
+//!   Ctrl-C or SIGTERM.
+//! * `demo-resource scenario` runs the scenario in-process and prints its outcomes;
+//!   it exits non-zero if one differs from the expected one.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use demo_resource::{Config, Resource, scenario};
+use tokio::net::TcpListener;
+use tracing_subscriber::EnvFilter;
+
+/// A storage service whose writes are fenced by fencing tokens.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the logs and key-value routes over HTTP.
+    Serve(Serve),
+    /// Run the seed's scenario (lock service and resource in-process) and print the outcomes.
+    Scenario,
+}
+
+#[derive(Debug, Args)]
+struct Serve {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Serve the same routes without the fencing layer, to show the failure.
+    #[arg(long)]
+    no_fencing: bool,
+    /// Directory for the data (`data.redb`) and the fencing marks (`marks.redb`).
+    #[arg(long, default_value = "./data/resource")]
+    data_dir: PathBuf,
+    /// Keep data and marks in memory only: a restart forgets them.
+    #[arg(long, conflicts_with = "data_dir")]
+    in_memory: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_filter = match cli.command {
+        Command::Serve(_) => "info",
+        // The scenario's output is the report; the layer's rejections would only repeat it.
+        Command::Scenario => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match cli.command {
+        Command::Serve(args) => match serve(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("demo-resource: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::Scenario => run_scenario().await,
+    }
+}
+
+async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
+    let config = if args.in_memory { Config::in_memory() } else { Config::durable(&args.data_dir) };
+    let config = if args.no_fencing { config.without_fencing() } else { config };
+    let resource = Resource::open(config.clone())?;
+    let listener =
+        TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, storage = ?config.storage, fencing = config.fencing, "resource listening");
+    println!("listening on {addr}");
+    resource.serve(listener, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn run_scenario() -> ExitCode {
+    let report = match scenario::run().await {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("scenario failed to run: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{report}");
+    let problems = report.problems();
+    if problems.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    for problem in problems {
+        eprintln!("unexpected outcome: expected that {problem}");
+    }
+    ExitCode::FAILURE
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => tracing::info!("Ctrl-C: shutting down"),
+        () = terminate => tracing::info!("SIGTERM: shutting down"),
+    }
+}

@@ -1,0 +1,345 @@
+//! The seed's scenario, end to end over real HTTP: a lease holder paused past its
+//! TTL writes after the next holder, first without fencing, then with it; then a
+//! stale write that is already inside the handler when the newer holder arrives.
+//!
+//! Everything runs in this process on ephemeral `127.0.0.1` ports: the demo lock
+//! service, and one resource per run, each in a fresh temporary directory.
+//! No step waits on a guess about timing: B acquires once the lock service says
+//! A's lease has expired, and in the third run B acquires once A's write is known
+//! to be inside the handler.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), demo_resource::scenario::ScenarioError> {
+//! let report = demo_resource::scenario::run().await?;
+//! print!("{report}");
+//! assert!(report.problems().is_empty());
+//! # Ok(()) }
+//! ```
+
+use std::fmt;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use demo_lock_service::LockService;
+use fencing_client::{DemoLockClient, LockBackend, fence_reqwest};
+use serde_json::Value;
+
+use crate::{Config, Entry, MAX_DELAY_MS, Resource, RunningResource};
+
+/// What B writes, under its valid lease.
+pub const B_WRITE: &str = "B: write under valid lease";
+/// What A writes after waking up with its expired lease.
+pub const A_WRITE: &str = "A: write from expired lease";
+/// What A writes in the in-flight run, while its lease is still valid.
+pub const A_IN_FLIGHT_WRITE: &str = "A: write admitted before B's grant";
+
+/// A's lease: short, so the runs are quick. A never renews it (it is paused).
+const A_TTL: Duration = Duration::from_millis(200);
+/// B's lease, kept alive in the background until B releases it.
+const B_TTL: Duration = Duration::from_secs(10);
+/// Bound on every wait, so a broken run fails instead of hanging.
+const STEP_BOUND: Duration = Duration::from_secs(10);
+
+/// How one write was answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Answer {
+    /// The HTTP status.
+    pub status: u16,
+    /// The status text and, for an error, the problem's `detail`.
+    pub reason: String,
+}
+
+impl Answer {
+    /// Whether the write was applied (2xx).
+    pub fn accepted(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+}
+
+/// One run of the two writers against one resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Run {
+    /// A's token (the older lease).
+    pub a_token: u64,
+    /// B's token (the newer lease).
+    pub b_token: u64,
+    /// How A's write was answered.
+    pub a: Answer,
+    /// How B's write was answered.
+    pub b: Answer,
+    /// The log afterwards, in append order.
+    pub log: Vec<Entry>,
+}
+
+impl Run {
+    /// The values of the log, in append order.
+    pub fn values(&self) -> Vec<&str> {
+        self.log.iter().map(|entry| entry.value.as_str()).collect()
+    }
+}
+
+/// The three runs' outcomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// A paused past its TTL writes after B; the resource is not fenced.
+    pub without_fencing: Run,
+    /// The same with the fencing layer.
+    pub with_fencing: Run,
+    /// A's write was admitted (and is waiting out `delay_ms`) before B acquired.
+    pub in_flight: Run,
+    /// In the in-flight run: B's write had reached the layer (its token raised the
+    /// mark) while A's write was still inside the handler.
+    pub b_arrived_while_a_inside: bool,
+}
+
+impl Report {
+    /// Every way the outcomes differ from the expected ones (empty when all is well).
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut expect = |ok: bool, what: &str| {
+            if !ok {
+                problems.push(what.to_owned());
+            }
+        };
+        let (off, on, flight) = (&self.without_fencing, &self.with_fencing, &self.in_flight);
+        expect(off.a.accepted() && off.b.accepted(), "without fencing, both writes are accepted");
+        expect(off.values() == [B_WRITE, A_WRITE], "without fencing, the log is [B's, A's]");
+        expect(on.b.accepted(), "with fencing, B's write is accepted");
+        expect(on.a.status == 409, "with fencing, A's write is rejected 409");
+        expect(on.values() == [B_WRITE], "with fencing, the log is [B's]");
+        expect(flight.a.accepted() && flight.b.accepted(), "in flight, both writes are accepted");
+        expect(flight.values() == [A_IN_FLIGHT_WRITE, B_WRITE], "in flight, the log is [A's, B's]");
+        expect(tokens_never_fall(&flight.log), "in flight, no older token follows a newer one");
+        expect(self.b_arrived_while_a_inside, "in flight, B's write arrives while A's is inside");
+        problems
+    }
+}
+
+/// Whether the log's tokens never decrease (unfenced entries aside).
+fn tokens_never_fall(log: &[Entry]) -> bool {
+    let tokens: Vec<u64> = log.iter().filter_map(|entry| entry.token).collect();
+    tokens.windows(2).all(|pair| pair[0] <= pair[1])
+}
+
+/// Go's `%q` of a string slice, as the seed prints it: `["a" "b"]`.
+struct Quoted<'a>(&'a [&'a str]);
+
+impl fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let quoted: Vec<String> = self.0.iter().map(|value| format!("{value:?}")).collect();
+        write!(f, "[{}]", quoted.join(" "))
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "without fencing: {}", Quoted(&self.without_fencing.values()))?;
+        let a = &self.with_fencing.a;
+        if a.accepted() {
+            writeln!(f, "A not rejected: {} {}", a.status, a.reason)?;
+        } else {
+            writeln!(f, "A rejected: {} {}", a.status, a.reason)?;
+        }
+        writeln!(f, "with fencing: {}", Quoted(&self.with_fencing.values()))?;
+        let flight = &self.in_flight;
+        writeln!(f, "in flight: {}", Quoted(&flight.values()))?;
+        let tokens: Vec<String> =
+            flight.log.iter().map(|e| e.token.map_or("null".into(), |t| t.to_string())).collect();
+        let waited = if self.b_arrived_while_a_inside {
+            "B's write arrived while A's was inside the handler, and waited for it"
+        } else {
+            "B's write did NOT arrive while A's was inside the handler"
+        };
+        writeln!(f, "  tokens in log order: [{}]; {waited}", tokens.join(", "))
+    }
+}
+
+/// Why the scenario could not be run to the end (its outcomes are in [`Report`]).
+#[derive(Debug)]
+pub struct ScenarioError(String);
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+fn fail(context: &str, error: impl fmt::Display) -> ScenarioError {
+    ScenarioError(format!("{context}: {error}"))
+}
+
+/// What every run needs: the lock service's client and an HTTP client.
+struct Clients {
+    locks: DemoLockClient,
+    http: reqwest::Client,
+}
+
+const LOOPBACK: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+
+/// Runs the three runs and reports their outcomes.
+///
+/// # Errors
+///
+/// A server could not start, or a step failed or took longer than 10 s. An
+/// unexpected outcome is not an error: see [`Report::problems`].
+pub async fn run() -> Result<Report, ScenarioError> {
+    let dir = tempfile::tempdir().map_err(|e| fail("temporary directory", e))?;
+    let service = LockService::open(demo_lock_service::Config::new(dir.path().join("locks")))
+        .map_err(|e| fail("lock service", e))?;
+    let lock_service = service.spawn(LOOPBACK).await.map_err(|e| fail("lock service", e))?;
+    let clients = Clients {
+        locks: DemoLockClient::new(lock_service.base_url()).map_err(|e| fail("lock client", e))?,
+        http: reqwest::Client::builder()
+            .no_proxy()
+            .timeout(STEP_BOUND * 2)
+            .build()
+            .map_err(|e| fail("http client", e))?,
+    };
+
+    let unfenced = Config::durable(dir.path().join("unfenced")).without_fencing();
+    let without_fencing = stale_after_newer(&clients, unfenced, "without-fencing").await?;
+    let fenced = Config::durable(dir.path().join("fenced"));
+    let with_fencing = stale_after_newer(&clients, fenced, "with-fencing").await?;
+    let in_flight = Config::durable(dir.path().join("in-flight"));
+    let (in_flight, b_arrived_while_a_inside) = stale_in_flight(&clients, in_flight, "in-flight").await?;
+
+    lock_service.shutdown().await.map_err(|e| fail("lock service shutdown", e))?;
+    Ok(Report { without_fencing, with_fencing, in_flight, b_arrived_while_a_inside })
+}
+
+/// The seed's scenario: A acquires and is paused past its TTL; B acquires and
+/// writes; A wakes and writes with its old token.
+async fn stale_after_newer(clients: &Clients, config: Config, name: &str) -> Result<Run, ScenarioError> {
+    let resource = start(config).await?;
+    let url = format!("{}/logs/{name}", resource.base_url());
+
+    // A acquires, then is paused: a raw grant, so no keepalive runs for it either.
+    let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
+    wait_until_expired(clients, name).await?;
+    let b = clients.locks.lease(name, "B", B_TTL).await.map_err(|e| fail("B acquires", e))?;
+    let b_answer = write(clients, &url, b.token(), B_WRITE).await?;
+    // A wakes up, still believing it holds the lock.
+    let a_answer = write(clients, &url, a.token, A_WRITE).await?;
+
+    let b_token = b.token();
+    b.release().await.map_err(|e| fail("B releases", e))?;
+    let log = read_log(clients, &url).await?;
+    resource.shutdown().await.map_err(|e| fail("resource shutdown", e))?;
+    Ok(Run { a_token: a.token, b_token, a: a_answer, b: b_answer, log })
+}
+
+/// The in-flight variant: A's write is admitted and still inside the handler
+/// (waiting out `delay_ms`) when A's lease expires and B writes.
+async fn stale_in_flight(
+    clients: &Clients,
+    config: Config,
+    name: &str,
+) -> Result<(Run, bool), ScenarioError> {
+    let running = start(config).await?;
+    let resource = running.resource().clone();
+    let path = format!("/logs/{name}");
+    let url = format!("{}{path}", running.base_url());
+
+    let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
+    let slow = format!("{url}?delay_ms={MAX_DELAY_MS}");
+    let a_write = tokio::spawn(write_owned(clients.http.clone(), slow, a.token, A_IN_FLIGHT_WRITE));
+    // A's write has been admitted by the layer and is inside the handler.
+    bounded("A's write is admitted", resource.wait_in_flight(&path, 1)).await?;
+
+    wait_until_expired(clients, name).await?;
+    let b = clients.locks.lease(name, "B", B_TTL).await.map_err(|e| fail("B acquires", e))?;
+    let b_write = tokio::spawn(write_owned(clients.http.clone(), url.clone(), b.token(), B_WRITE));
+    // B's token has raised the mark: its write is at the layer, waiting for A's to leave.
+    let marks = resource.mark_store().cloned().ok_or_else(|| ScenarioError("no mark store".into()))?;
+    bounded("B's write reaches the layer", async {
+        while marks.mark(&path) != Some(b.token()) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await?;
+    let b_arrived_while_a_inside = resource.in_flight(&path) == 1;
+    // A's slow write reaches the end of its delay and is applied; then B's may enter.
+    resource.finish_delays();
+
+    let a_answer = joined(a_write).await?;
+    let b_answer = joined(b_write).await?;
+    let b_token = b.token();
+    b.release().await.map_err(|e| fail("B releases", e))?;
+    let log = read_log(clients, &url).await?;
+    running.shutdown().await.map_err(|e| fail("resource shutdown", e))?;
+    let run = Run { a_token: a.token, b_token, a: a_answer, b: b_answer, log };
+    Ok((run, b_arrived_while_a_inside))
+}
+
+async fn start(config: Config) -> Result<RunningResource, ScenarioError> {
+    let resource = Resource::open(config).map_err(|e| fail("resource", e))?;
+    resource.spawn(LOOPBACK).await.map_err(|e| fail("resource", e))
+}
+
+/// Waits until the lock service no longer reports a live lease on `name`: it
+/// sleeps the time left that the service reports, then asks again.
+async fn wait_until_expired(clients: &Clients, name: &str) -> Result<(), ScenarioError> {
+    bounded("A's lease expires", async {
+        loop {
+            match clients.locks.lock_status(name).await.map_err(|e| fail("lock status", e))? {
+                None => return Ok(()),
+                Some(status) => tokio::time::sleep(status.expires_in.max(Duration::from_millis(1))).await,
+            }
+        }
+    })
+    .await?
+}
+
+async fn bounded<T>(step: &str, work: impl Future<Output = T>) -> Result<T, ScenarioError> {
+    tokio::time::timeout(STEP_BOUND, work)
+        .await
+        .map_err(|_| ScenarioError(format!("{step}: not done within {STEP_BOUND:?}")))
+}
+
+async fn joined(
+    task: tokio::task::JoinHandle<Result<Answer, ScenarioError>>,
+) -> Result<Answer, ScenarioError> {
+    task.await.map_err(|e| fail("write task", e))?
+}
+
+async fn write(
+    clients: &Clients,
+    url: &str,
+    token: u64,
+    text: &'static str,
+) -> Result<Answer, ScenarioError> {
+    write_owned(clients.http.clone(), url.to_owned(), token, text).await
+}
+
+/// `POST`s `text` with `Fencing-Token: token`; returns how it was answered.
+async fn write_owned(
+    http: reqwest::Client,
+    url: String,
+    token: u64,
+    text: &'static str,
+) -> Result<Answer, ScenarioError> {
+    let response =
+        fence_reqwest(http.post(url).body(text), token).send().await.map_err(|e| fail("write", e))?;
+    let status = response.status();
+    let body = response.text().await.map_err(|e| fail("write", e))?;
+    let mut reason = status.canonical_reason().unwrap_or_default().to_owned();
+    if !status.is_success() {
+        let detail =
+            serde_json::from_str::<Value>(&body).ok().and_then(|p| p["detail"].as_str().map(Into::into));
+        reason = format!("{reason}: {}", detail.unwrap_or(body));
+    }
+    Ok(Answer { status: status.as_u16(), reason })
+}
+
+async fn read_log(clients: &Clients, url: &str) -> Result<Vec<Entry>, ScenarioError> {
+    let response = clients.http.get(url).send().await.map_err(|e| fail("read log", e))?;
+    if response.status() == reqwest::StatusCode::NOT_FOUND {
+        return Ok(Vec::new());
+    }
+    let body = response.text().await.map_err(|e| fail("read log", e))?;
+    let entries = serde_json::from_str::<Value>(&body).ok().and_then(|v| v.get("entries").cloned());
+    let entries = entries.ok_or_else(|| ScenarioError(format!("read log: unexpected body {body}")))?;
+    serde_json::from_value(entries).map_err(|e| fail("read log", e))
+}

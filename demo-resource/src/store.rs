@@ -1,0 +1,198 @@
+//! The data: append-only logs and key-value pairs in one redb database.
+//!
+//! Every write is one transaction, committed with redb's default
+//! `Durability::Immediate` (fsync'd) before it returns, so a write that was
+//! answered 2xx survives `kill -9`. All methods block: call them from
+//! `spawn_blocking`.
+//!
+//! A fenced write also checks its token again, in the same transaction, against
+//! the highest token the data has seen for the resource (the `fences` table):
+//! the layer already refuses stale tokens, and this second check is the
+//! `UPDATE … WHERE fence <= $token` a shared database would do. In one process it
+//! only matters if a stale write's handler was abandoned mid-commit.
+
+use std::path::Path;
+
+use redb::backends::InMemoryBackend;
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
+use serde::Serialize;
+
+/// `(log name, index)` → `(token, text)`.
+const LOGS: TableDefinition<'_, (&str, u64), (Option<u64>, &str)> = TableDefinition::new("logs");
+/// key → `(token, text)`.
+const KV: TableDefinition<'_, &str, (Option<u64>, &str)> = TableDefinition::new("kv");
+/// resource path (`/logs/{name}`, `/kv/{key}`) → highest token written.
+const FENCES: TableDefinition<'_, &str, u64> = TableDefinition::new("fences");
+
+/// One log entry or key-value pair: the text and the token it was written with
+/// (`null` in JSON when the write was unfenced).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Entry {
+    /// The fencing token of the write, `None` when it carried none.
+    pub token: Option<u64>,
+    /// The text written.
+    pub value: String,
+}
+
+/// Why a data operation failed.
+#[derive(Debug)]
+pub(crate) enum DataError {
+    /// The token is below the highest one already written for the resource.
+    Stale { presented: u64, highest: u64 },
+    /// redb failed.
+    Storage(redb::Error),
+}
+
+fn storage(error: impl Into<redb::Error>) -> DataError {
+    DataError::Storage(error.into())
+}
+
+/// The database handle.
+#[derive(Debug)]
+pub(crate) struct Data {
+    db: Database,
+}
+
+impl Data {
+    /// Opens (or creates) the database file at `path`.
+    pub(crate) fn open(path: &Path) -> Result<Self, redb::Error> {
+        Self::init(Database::create(path)?)
+    }
+
+    /// A database that lives in memory only (`--in-memory`).
+    pub(crate) fn in_memory() -> Result<Self, redb::Error> {
+        Self::init(Database::builder().create_with_backend(InMemoryBackend::new())?)
+    }
+
+    /// Creates the tables, so readers never meet a missing one.
+    fn init(db: Database) -> Result<Self, redb::Error> {
+        let txn = db.begin_write()?;
+        txn.open_table(LOGS)?;
+        txn.open_table(KV)?;
+        txn.open_table(FENCES)?;
+        txn.commit()?;
+        Ok(Self { db })
+    }
+
+    /// Runs `change` in a write transaction after checking (and raising) the
+    /// resource's fence, then commits.
+    fn write<T>(
+        &self,
+        resource: &str,
+        token: Option<u64>,
+        change: impl FnOnce(&WriteTransaction) -> Result<T, redb::Error>,
+    ) -> Result<T, DataError> {
+        let txn = self.db.begin_write().map_err(storage)?;
+        if let Some(token) = token {
+            let mut fences = txn.open_table(FENCES).map_err(storage)?;
+            let highest = fences.get(resource).map_err(storage)?.map(|fence| fence.value());
+            match highest {
+                Some(highest) if token < highest => {
+                    return Err(DataError::Stale { presented: token, highest });
+                }
+                Some(highest) if token == highest => {}
+                _ => {
+                    fences.insert(resource, token).map_err(storage)?;
+                }
+            }
+        }
+        let out = change(&txn).map_err(DataError::Storage)?;
+        txn.commit().map_err(storage)?;
+        Ok(out)
+    }
+
+    /// Appends `value` to log `name`; returns its index (0 for the first entry).
+    pub(crate) fn append(
+        &self,
+        resource: &str,
+        name: &str,
+        token: Option<u64>,
+        value: &str,
+    ) -> Result<u64, DataError> {
+        self.write(resource, token, |txn| {
+            let mut logs = txn.open_table(LOGS)?;
+            let next = match logs.range((name, 0)..=(name, u64::MAX))?.next_back() {
+                Some(last) => last?.0.value().1 + 1,
+                None => 0,
+            };
+            logs.insert((name, next), (token, value))?;
+            Ok(next)
+        })
+    }
+
+    /// The entries of log `name` in append order, or `None` if nothing was ever appended.
+    pub(crate) fn log(&self, name: &str) -> Result<Option<Vec<Entry>>, DataError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let logs = txn.open_table(LOGS).map_err(storage)?;
+        let entries = logs
+            .range((name, 0)..=(name, u64::MAX))
+            .map_err(storage)?
+            .map(|row| {
+                let (_, value) = row.map_err(storage)?;
+                let (token, value) = value.value();
+                Ok(Entry { token, value: value.to_owned() })
+            })
+            .collect::<Result<Vec<_>, DataError>>()?;
+        Ok((!entries.is_empty()).then_some(entries))
+    }
+
+    /// Sets `key` to `value`; returns whether the key is new.
+    pub(crate) fn put(
+        &self,
+        resource: &str,
+        key: &str,
+        token: Option<u64>,
+        value: &str,
+    ) -> Result<bool, DataError> {
+        self.write(resource, token, |txn| Ok(txn.open_table(KV)?.insert(key, (token, value))?.is_none()))
+    }
+
+    /// The value of `key`, if set.
+    pub(crate) fn get(&self, key: &str) -> Result<Option<Entry>, DataError> {
+        let txn = self.db.begin_read().map_err(storage)?;
+        let kv = txn.open_table(KV).map_err(storage)?;
+        let entry = kv.get(key).map_err(storage)?.map(|value| {
+            let (token, value) = value.value();
+            Entry { token, value: value.to_owned() }
+        });
+        Ok(entry)
+    }
+
+    /// Removes `key`; returns whether it was set.
+    pub(crate) fn delete(&self, resource: &str, key: &str, token: Option<u64>) -> Result<bool, DataError> {
+        self.write(resource, token, |txn| Ok(txn.open_table(KV)?.remove(key)?.is_some()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn logs_keep_order_and_fences_refuse_older_tokens() {
+        let data = Data::in_memory().unwrap();
+        assert_eq!(data.log("a").unwrap(), None);
+        assert_eq!(data.append("/logs/a", "a", Some(3), "x").unwrap(), 0);
+        assert_eq!(data.append("/logs/a", "a", Some(3), "y").unwrap(), 1);
+        assert_eq!(data.append("/logs/ab", "ab", None, "other").unwrap(), 0);
+        assert!(matches!(
+            data.append("/logs/a", "a", Some(2), "stale"),
+            Err(DataError::Stale { presented: 2, highest: 3 })
+        ));
+        let values: Vec<_> = data.log("a").unwrap().unwrap().into_iter().map(|e| e.value).collect();
+        assert_eq!(values, ["x", "y"]);
+        assert_eq!(data.log("ab").unwrap().unwrap(), [Entry { token: None, value: "other".into() }]);
+    }
+
+    #[test]
+    fn key_values_put_get_delete() {
+        let data = Data::in_memory().unwrap();
+        assert!(data.put("/kv/k", "k", Some(1), "v1").unwrap());
+        assert!(!data.put("/kv/k", "k", Some(2), "v2").unwrap());
+        assert_eq!(data.get("k").unwrap(), Some(Entry { token: Some(2), value: "v2".into() }));
+        assert!(matches!(data.delete("/kv/k", "k", Some(1)), Err(DataError::Stale { .. })));
+        assert!(data.delete("/kv/k", "k", Some(2)).unwrap());
+        assert!(!data.delete("/kv/k", "k", Some(2)).unwrap());
+        assert_eq!(data.get("k").unwrap(), None);
+    }
+}

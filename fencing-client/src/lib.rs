@@ -2,7 +2,8 @@
 //!
 //! * [`LockBackend`]: what a lock service must offer (acquire, keepalive, release,
 //!   each returning grant information). [`DemoLockClient`] implements it for the
-//!   workspace's `demo-lock-service` over HTTP; other backends (etcd, ...) can too.
+//!   workspace's `demo-lock-service` over HTTP; with the `etcd` feature,
+//!   `EtcdLockClient` implements it on etcd v3 (the lock key's create revision is the token).
 //! * [`Lease`]: a backend-agnostic handle that renews every TTL/3, keeps a local
 //!   deadline on the monotonic clock (send time of the last successful renewal +
 //!   TTL − safety margin), and on any renewal error, timeout, 404 or a passed
@@ -31,10 +32,17 @@
 
 mod backend;
 mod demo;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod lease;
 
 pub use backend::{BoxFuture, Grant, LockBackend, LockError};
 pub use demo::{DemoLockClient, LockStatus};
+#[cfg(feature = "etcd")]
+pub use etcd::{DEFAULT_ETCD_PREFIX, EtcdLockClient};
+/// The etcd client crate this backend is built on (for `ConnectOptions`, TLS, ...).
+#[cfg(feature = "etcd")]
+pub use etcd_client;
 pub use lease::{Lease, LeaseOptions, LossReason, Lost};
 
 use http::HeaderValue;

@@ -80,7 +80,7 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
     let listener =
         TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, storage = ?config.storage, fencing = config.fencing, "resource listening");
+    tracing::info!(%addr, pid = std::process::id(), storage = ?config.storage, fencing = config.fencing, "resource listening");
     println!("listening on {addr}");
     resource.serve(listener, shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -169,7 +169,8 @@ impl Drop for InFlight {
 }
 
 impl Resource {
-    /// Opens the data (and, when fenced, the marks) as `config` says.
+    /// Opens the data (and, when fenced, the marks) as `config` says. This blocks
+    /// (it creates the files and commits): from async code, call it in `spawn_blocking`.
     ///
     /// # Errors
     ///

@@ -76,7 +76,8 @@ async fn main() -> ExitCode {
 async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
     let config = if args.in_memory { Config::in_memory() } else { Config::durable(&args.data_dir) };
     let config = if args.no_fencing { config.without_fencing() } else { config };
-    let resource = Resource::open(config.clone())?;
+    let opening = config.clone();
+    let resource = tokio::task::spawn_blocking(move || Resource::open(opening)).await??;
     let listener =
         TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;

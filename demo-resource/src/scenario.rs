@@ -243,6 +243,7 @@ async fn stale_in_flight(
     let url = format!("{}{path}", running.base_url());
 
     let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
+    // A sends a slow write while its lease is valid; then A is paused.
     let slow = format!("{url}?delay_ms={MAX_DELAY_MS}");
     let a_write = tokio::spawn(write_owned(clients.http.clone(), slow, a.token, A_IN_FLIGHT_WRITE));
     // A's write has been admitted by the layer and is inside the handler.
@@ -259,7 +260,9 @@ async fn stale_in_flight(
         }
     })
     .await?;
-    let b_arrived_while_a_inside = resource.in_flight(&path) == 1;
+    // One write inside and nothing applied yet: that one is A's, B's is held at the layer.
+    let b_arrived_while_a_inside =
+        resource.in_flight(&path) == 1 && read_log(clients, &url).await?.is_empty();
     // A's slow write reaches the end of its delay and is applied; then B's may enter.
     resource.finish_delays();
 
@@ -274,7 +277,9 @@ async fn stale_in_flight(
 }
 
 async fn start(config: Config) -> Result<RunningResource, ScenarioError> {
-    let resource = Resource::open(config).map_err(|e| fail("resource", e))?;
+    // Opening creates and commits the database files: blocking work.
+    let opened = tokio::task::spawn_blocking(move || Resource::open(config)).await;
+    let resource = opened.map_err(|e| fail("resource", e))?.map_err(|e| fail("resource", e))?;
     resource.spawn(LOOPBACK).await.map_err(|e| fail("resource", e))
 }
 

@@ -5,13 +5,14 @@
 //!   port 0), logs to stderr (`RUST_LOG`, default `info`) and stops gracefully on
 //!   Ctrl-C or SIGTERM.
 //! * `demo-resource scenario` runs the scenario in-process and prints its outcomes;
-//!   it exits non-zero if one differs from the expected one.
+//!   it exits non-zero if one differs from the expected one. With
+//!   `--lock-backend etcd --etcd-endpoints http://127.0.0.1:2379` the tokens come from etcd.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use demo_resource::{Config, Resource, scenario};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
@@ -28,8 +29,26 @@ struct Cli {
 enum Command {
     /// Serve the logs and key-value routes over HTTP.
     Serve(Serve),
-    /// Run the seed's scenario (lock service and resource in-process) and print the outcomes.
-    Scenario,
+    /// Run the seed's scenario (resources and, by default, the lock service in-process) and print the outcomes.
+    Scenario(ScenarioArgs),
+}
+
+#[derive(Debug, Args)]
+struct ScenarioArgs {
+    /// Where the fencing tokens come from: the demo lock service (in-process) or etcd.
+    #[arg(long, value_enum, default_value_t = LockBackendArg::Demo)]
+    lock_backend: LockBackendArg,
+    /// etcd client URLs, comma-separated (with `--lock-backend etcd`).
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
+    etcd_endpoints: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum LockBackendArg {
+    /// The demo lock service, started in-process on an ephemeral port.
+    Demo,
+    /// etcd: the lock key's create revision is the token.
+    Etcd,
 }
 
 #[derive(Debug, Args)]
@@ -54,7 +73,7 @@ async fn main() -> ExitCode {
     let default_filter = match cli.command {
         Command::Serve(_) => "info",
         // The scenario's output is the report; the layer's rejections would only repeat it.
-        Command::Scenario => "warn",
+        Command::Scenario(_) => "warn",
     };
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)))
@@ -69,7 +88,7 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Scenario => run_scenario().await,
+        Command::Scenario(args) => run_scenario(args).await,
     }
 }
 
@@ -88,8 +107,12 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-async fn run_scenario() -> ExitCode {
-    let report = match scenario::run().await {
+async fn run_scenario(args: ScenarioArgs) -> ExitCode {
+    let source = match args.lock_backend {
+        LockBackendArg::Demo => scenario::TokenSource::DemoLockService,
+        LockBackendArg::Etcd => scenario::TokenSource::Etcd { endpoints: args.etcd_endpoints },
+    };
+    let report = match scenario::run_with(source).await {
         Ok(report) => report,
         Err(e) => {
             eprintln!("scenario failed to run: {e}");

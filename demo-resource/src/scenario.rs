@@ -3,7 +3,9 @@
 //! stale write that is already inside the handler when the newer holder arrives.
 //!
 //! Everything runs in this process on ephemeral `127.0.0.1` ports: the demo lock
-//! service, and one resource per run, each in a fresh temporary directory.
+//! service, and one resource per run, each in a fresh temporary directory. With
+//! [`run_with`] and [`TokenSource::Etcd`] the tokens come from an etcd cluster
+//! instead (the lock key's create revision), through the same fencing layer.
 //! No step waits on a guess about timing: B acquires once the lock service says
 //! A's lease has expired, and in the third run B acquires once A's write is known
 //! to be inside the handler.
@@ -21,7 +23,9 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use demo_lock_service::LockService;
-use fencing_client::{DemoLockClient, LockBackend, fence_reqwest};
+use fencing_client::{
+    DemoLockClient, EtcdLockClient, Grant, Lease, LockBackend, LockError, LockStatus, fence_reqwest,
+};
 use serde_json::Value;
 
 use crate::{Config, Entry, MAX_DELAY_MS, Resource, RunningResource};
@@ -170,27 +174,105 @@ fn fail(context: &str, error: impl fmt::Display) -> ScenarioError {
     ScenarioError(format!("{context}: {error}"))
 }
 
-/// What every run needs: the lock service's client and an HTTP client.
+/// Where the scenario's fencing tokens come from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum TokenSource {
+    /// The demo lock service, started in-process on an ephemeral port.
+    #[default]
+    DemoLockService,
+    /// An etcd cluster at `endpoints` (e.g. `http://127.0.0.1:2379`): locks are keys
+    /// under `fencing/locks/`, a token is the lock key's create revision. etcd grants
+    /// whole-second leases of at least its minimum TTL (2 s by default), so A's 200 ms
+    /// lease lasts about 2 s there and the runs take a few seconds longer.
+    Etcd {
+        /// etcd client URLs.
+        endpoints: Vec<String>,
+    },
+}
+
+/// The lock backend of a run.
+enum Locks {
+    Demo(DemoLockClient),
+    // Boxed: etcd-client's `Client` is a few kilobytes.
+    Etcd(Box<EtcdLockClient>),
+}
+
+impl Locks {
+    /// A raw grant: nothing keeps it alive.
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
+        match self {
+            Locks::Demo(c) => c.acquire(name, holder, ttl).await,
+            Locks::Etcd(c) => c.acquire(name, holder, ttl).await,
+        }
+    }
+
+    /// A lease kept alive in the background.
+    async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease, LockError> {
+        match self {
+            Locks::Demo(c) => c.lease(name, holder, ttl).await,
+            Locks::Etcd(c) => c.lease(name, holder, ttl).await,
+        }
+    }
+
+    async fn lock_status(&self, name: &str) -> Result<Option<LockStatus>, LockError> {
+        match self {
+            Locks::Demo(c) => c.lock_status(name).await,
+            Locks::Etcd(c) => c.lock_status(name).await,
+        }
+    }
+
+    /// The shortest wait between two status checks: etcd reports whole seconds (0
+    /// during the last one), so polling it tighter would only load it.
+    fn poll_floor(&self) -> Duration {
+        match self {
+            Locks::Demo(_) => Duration::from_millis(1),
+            Locks::Etcd(_) => Duration::from_millis(50),
+        }
+    }
+}
+
+/// What every run needs: the lock backend's client and an HTTP client.
 struct Clients {
-    locks: DemoLockClient,
+    locks: Locks,
     http: reqwest::Client,
 }
 
 const LOOPBACK: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
 
-/// Runs the three runs and reports their outcomes.
+/// Runs the three runs with tokens from the demo lock service and reports their outcomes.
 ///
 /// # Errors
 ///
 /// A server could not start, or a step failed or took longer than 10 s. An
 /// unexpected outcome is not an error: see [`Report::problems`].
 pub async fn run() -> Result<Report, ScenarioError> {
+    run_with(TokenSource::DemoLockService).await
+}
+
+/// Runs the three runs with tokens from `source` and reports their outcomes.
+///
+/// # Errors
+///
+/// As [`run`]; with etcd, also when etcd cannot be reached.
+pub async fn run_with(source: TokenSource) -> Result<Report, ScenarioError> {
     let dir = tempfile::tempdir().map_err(|e| fail("temporary directory", e))?;
-    let service = LockService::open(demo_lock_service::Config::new(dir.path().join("locks")))
-        .map_err(|e| fail("lock service", e))?;
-    let lock_service = service.spawn(LOOPBACK).await.map_err(|e| fail("lock service", e))?;
+    let mut lock_service = None;
+    let locks = match source {
+        TokenSource::DemoLockService => {
+            let service = LockService::open(demo_lock_service::Config::new(dir.path().join("locks")))
+                .map_err(|e| fail("lock service", e))?;
+            let running = service.spawn(LOOPBACK).await.map_err(|e| fail("lock service", e))?;
+            let client = DemoLockClient::new(running.base_url()).map_err(|e| fail("lock client", e))?;
+            lock_service = Some(running);
+            Locks::Demo(client)
+        }
+        TokenSource::Etcd { endpoints } => {
+            let client = EtcdLockClient::connect(&endpoints).await.map_err(|e| fail("etcd client", e))?;
+            Locks::Etcd(Box::new(client))
+        }
+    };
     let clients = Clients {
-        locks: DemoLockClient::new(lock_service.base_url()).map_err(|e| fail("lock client", e))?,
+        locks,
         http: reqwest::Client::builder()
             .no_proxy()
             .timeout(STEP_BOUND * 2)
@@ -205,7 +287,9 @@ pub async fn run() -> Result<Report, ScenarioError> {
     let in_flight = Config::durable(dir.path().join("in-flight"));
     let (in_flight, b_arrived_while_a_inside) = stale_in_flight(&clients, in_flight, "in-flight").await?;
 
-    lock_service.shutdown().await.map_err(|e| fail("lock service shutdown", e))?;
+    if let Some(lock_service) = lock_service {
+        lock_service.shutdown().await.map_err(|e| fail("lock service shutdown", e))?;
+    }
     Ok(Report { without_fencing, with_fencing, in_flight, b_arrived_while_a_inside })
 }
 
@@ -290,7 +374,7 @@ async fn wait_until_expired(clients: &Clients, name: &str) -> Result<(), Scenari
         loop {
             match clients.locks.lock_status(name).await.map_err(|e| fail("lock status", e))? {
                 None => return Ok(()),
-                Some(status) => tokio::time::sleep(status.expires_in.max(Duration::from_millis(1))).await,
+                Some(status) => tokio::time::sleep(status.expires_in.max(clients.locks.poll_floor())).await,
             }
         }
     })

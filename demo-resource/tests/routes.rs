@@ -199,6 +199,20 @@ async fn bad_inputs_get_problem_json() {
 }
 
 #[tokio::test]
+async fn unknown_routes_and_methods_never_touch_the_marks() {
+    let s = Server::fenced().await;
+    let marks = s.running.resource().mark_store().unwrap().clone();
+    s.post("/nope", Some("9"), "x").await.problem(404, "not-found");
+    s.call(Method::PATCH, "/kv/k", Some("9"), "x").await.problem(405, "method-not-allowed");
+    s.call(Method::POST, "/kv/k", Some("9"), "x").await.problem(405, "method-not-allowed");
+    assert_eq!((marks.len(), marks.mark("/kv/k")), (0, None));
+    // So a lower token is still admitted afterwards.
+    assert_eq!(s.put("/kv/k", Some("1"), "v").await.status, 201);
+    assert_eq!(marks.mark("/kv/k"), Some(1));
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn delay_ms_holds_the_write_inside_the_handler() {
     let s = Server::fenced().await;
     let resource = s.running.resource().clone();

@@ -55,8 +55,14 @@ pub async fn trivial() -> &'static str {
 }
 
 /// The bare router: `POST` and `GET /logs/{name}` answered by [`trivial`].
+///
+/// It is already `with_state(())`, as `axum::serve` makes every router it serves:
+/// handlers are turned into services once, and a layer added later with
+/// `route_layer` is applied once, not per request. (Calling a `Router<()>` that
+/// never went through `with_state` re-applies its route layers on every request,
+/// which would charge every layered row for building its layer each time.)
 pub fn routes() -> Router {
-    Router::new().route("/logs/{name}", post(trivial).get(trivial))
+    Router::new().route("/logs/{name}", post(trivial).get(trivial)).with_state(())
 }
 
 /// [`routes`] behind `tower::layer::util::Identity`: what any layer costs at least.

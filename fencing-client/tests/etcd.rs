@@ -256,15 +256,23 @@ async fn keepalives_hold_the_lock_past_its_ttl_sub_second_ttls_round_up() {
     assert!(matches!(b.lease("held", "client-b", Duration::from_secs(2)).await, Err(LockError::Held { .. })));
     lease.release().await.unwrap();
 
-    // 500 ms asks etcd for 1 s (rounded up); etcd may raise it to its minimum (2 s by
-    // default). The local deadline still counts the 500 ms the caller asked for.
+    // 1500 ms asks etcd for 2 s (rounded up). The local deadline counts the 1500 ms the
+    // caller asked for, and renewals (every 500 ms) keep it valid past the TTL.
+    let sent = Instant::now();
+    let rounded = a.lease("rounded", "client-a", Duration::from_millis(1500)).await.unwrap();
+    assert_eq!(rounded.grant().ttl, Duration::from_secs(2));
+    assert!(rounded.deadline() <= sent + Duration::from_millis(1500));
+    sleep(Duration::from_secs(3)).await;
+    assert!(rounded.is_valid(), "lost: {:?}", rounded.loss_reason());
+    rounded.release().await.unwrap();
+
+    // 500 ms asks for 1 s, which etcd raises to its minimum lease TTL (2 s by default);
+    // the local deadline still counts 500 ms.
     let sent = Instant::now();
     let short = a.lease("short", "client-a", Duration::from_millis(500)).await.unwrap();
     let granted = short.grant().ttl;
     assert!(granted >= Duration::from_secs(1) && granted.subsec_nanos() == 0, "{granted:?}");
     assert!(short.deadline() <= sent + Duration::from_millis(500));
-    sleep(Duration::from_millis(1500)).await;
-    assert!(short.is_valid(), "lost: {:?}", short.loss_reason());
     short.release().await.unwrap();
 }
 

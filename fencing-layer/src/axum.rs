@@ -24,13 +24,13 @@
 use std::borrow::Cow;
 use std::convert::Infallible;
 
-use axum::extract::{FromRequestParts, MatchedPath, OptionalFromRequestParts, OriginalUri};
+use axum::extract::{FromRequestParts, MatchedPath, OptionalFromRequestParts};
 use axum::response::{IntoResponse, Response};
 use http::request::Parts;
 use http::{HeaderValue, Request, StatusCode, header};
 use percent_encoding::percent_decode_str;
 
-use crate::key::KeyExtractor;
+use crate::key::{KeyExtractor, full_path};
 use crate::respond::Problem;
 use crate::token::FencingToken;
 
@@ -119,11 +119,7 @@ impl<B> KeyExtractor<B> for PathParamKey {
     fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
         let template = request.extensions().get::<MatchedPath>()?.as_str();
         // Inside a nested router the URI has lost its prefix; the matched path has not.
-        let path = match request.extensions().get::<OriginalUri>() {
-            Some(OriginalUri(uri)) => uri.path(),
-            None => request.uri().path(),
-        };
-        let raw = self.find(template, path)?;
+        let raw = self.find(template, full_path(request))?;
         percent_decode_str(raw).decode_utf8().ok().filter(|key| !key.is_empty())
     }
 }

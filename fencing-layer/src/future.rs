@@ -19,6 +19,7 @@ use crate::service::respond;
 use crate::store::StoreError;
 use crate::store::admission::{Admission, InsideGuard, KeyState};
 use crate::token::FencingToken;
+use tokio::time::Instant;
 
 pin_project! {
     /// Response future of [`Fencing`](crate::Fencing).
@@ -115,10 +116,10 @@ where
         request: Request<B>,
         token: FencingToken,
         key: Option<String>,
-        state: Arc<KeyState>,
+        guard: InsideGuard,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        Self::from(Kind::enter(inner, request, token, key, state, shared))
+        Self::from(Kind::enter(inner, request, token, key, guard, shared))
     }
 
     /// Waits as `admission` (a wait or a record) says, then tries again.
@@ -131,15 +132,15 @@ where
         state: Arc<KeyState>,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        let deadline = tokio::time::sleep(shared.config.drain_timeout);
         let pending = Pending { inner, request, token, key, state, shared: Arc::clone(shared) };
-        let wake = match admission {
-            Admission::Wait(notified) => Wake::Notified { notified },
-            Admission::Record => pending.record(),
-            Admission::Enter | Admission::Stale { .. } => {
+        let (wake, bound) = match admission {
+            Admission::Wait(notified) => (Wake::Notified { notified }, shared.config.drain_timeout),
+            Admission::Record => (pending.record(), shared.config.store.write_timeout()),
+            Admission::Enter(_) | Admission::Stale { .. } => {
                 unreachable!("enter and stale are answered in `call`")
             }
         };
+        let deadline = tokio::time::sleep(bound);
         Self::from(Kind::Admitting { wake, deadline, pending })
     }
 }
@@ -167,10 +168,9 @@ where
         mut request: Request<B>,
         token: FencingToken,
         key: Option<String>,
-        state: Arc<KeyState>,
+        guard: InsideGuard,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        let guard = InsideGuard::new(state);
         request.extensions_mut().insert(token);
         let Some(key) = key else {
             return Self::Inside { future: inner.call(request), guard: Some(guard) };
@@ -197,8 +197,17 @@ impl<S, B, E, R> Pending<S, B, E, R> {
         Wake::Recorded { reply }
     }
 
-    fn rejection_stale(self, highest: u64) -> Rejection {
-        Rejection::Stale { key: self.key, presented: self.token.get(), highest }
+    fn stale(&self, highest: u64) -> Rejection {
+        Rejection::Stale { key: self.key.clone(), presented: self.token.get(), highest }
+    }
+
+    fn store_unavailable(&self, error: StoreError) -> Rejection {
+        Rejection::StoreUnavailable {
+            key: self.key.clone(),
+            presented: self.token.get(),
+            error,
+            retry_after: self.shared.config.retry_after,
+        }
     }
 }
 
@@ -242,65 +251,66 @@ where
                     return Poll::Ready(output);
                 }
                 KindProj::Admitting { mut wake, deadline, pending } => {
-                    let woken = match wake.as_mut().project() {
-                        WakeProj::Notified { notified } => notified.poll(cx).map(Ok),
+                    // The write has its own bound; the drain's starts once the raise is recorded.
+                    let (woken, writing) = match wake.as_mut().project() {
+                        WakeProj::Notified { notified } => (notified.poll(cx).map(Ok), false),
                         WakeProj::Recorded { reply } => {
-                            Pin::new(reply).poll(cx).map(|reply| reply.unwrap_or(Err(StoreError::Closed)))
+                            let reply = Pin::new(reply).poll(cx);
+                            (reply.map(|reply| reply.unwrap_or(Err(StoreError::Closed))), true)
                         }
                     };
+                    let config = &pending.shared.config;
                     let rejection = match woken {
                         Poll::Pending => {
                             ready!(deadline.poll(cx));
-                            Rejection::DrainTimeout {
-                                key: pending.key.clone(),
-                                presented: pending.token.get(),
-                                retry_after: pending.shared.config.retry_after,
+                            if writing {
+                                let error = StoreError::Timeout(config.store.write_timeout());
+                                pending.store_unavailable(error)
+                            } else {
+                                Rejection::DrainTimeout {
+                                    key: pending.key.clone(),
+                                    presented: pending.token.get(),
+                                    retry_after: config.retry_after,
+                                }
                             }
                         }
-                        Poll::Ready(Err(error)) => Rejection::StoreUnavailable {
-                            key: pending.key.clone(),
-                            presented: pending.token.get(),
-                            error,
+                        Poll::Ready(Err(error)) => match pending.state.mark() {
+                            // Overtaken while writing: stale is the truer answer.
+                            highest if highest > pending.token.get() => pending.stale(highest),
+                            _ => pending.store_unavailable(error),
                         },
                         Poll::Ready(Ok(())) => {
-                            let durable = pending.shared.config.store.is_durable();
+                            let durable = config.store.is_durable();
                             match pending.state.admit(&pending.key, pending.token.get(), durable) {
                                 Admission::Wait(notified) => {
+                                    if writing {
+                                        deadline.reset(Instant::now() + config.drain_timeout);
+                                    }
                                     wake.set(Wake::Notified { notified });
                                     continue;
                                 }
                                 Admission::Record => {
+                                    deadline.reset(Instant::now() + config.store.write_timeout());
                                     wake.set(pending.record());
                                     continue;
                                 }
-                                Admission::Enter => {
+                                Admission::Enter(guard) => {
                                     let KindReplace::Admitting { pending, .. } =
                                         kind.as_mut().project_replace(Kind::Finished)
                                     else {
                                         unreachable!("matched Admitting above")
                                     };
+                                    let Pending { mut inner, request, token, key, shared, .. } = pending;
                                     tracing::debug!(
-                                        key = pending.key,
-                                        token = pending.token.get(),
+                                        key,
+                                        token = token.get(),
                                         "fenced request admitted after waiting"
                                     );
-                                    let Pending { mut inner, request, token, key, state, shared } = pending;
                                     let key = shared.config.watches_in_flight().then_some(key);
-                                    kind.set(Kind::enter(&mut inner, request, token, key, state, &shared));
+                                    kind.set(Kind::enter(&mut inner, request, token, key, guard, &shared));
                                     continue;
                                 }
-                                Admission::Stale { highest } => {
-                                    let KindReplace::Admitting { pending, .. } =
-                                        kind.as_mut().project_replace(Kind::Finished)
-                                    else {
-                                        unreachable!("matched Admitting above")
-                                    };
-                                    let shared = Arc::clone(&pending.shared);
-                                    return Poll::Ready(Ok(respond(
-                                        &shared.responder,
-                                        pending.rejection_stale(highest),
-                                    )));
-                                }
+                                Admission::Stale { highest } => pending.stale(highest),
                             }
                         }
                     };

@@ -47,13 +47,25 @@ where
 /// Decoding makes `/logs/a%62` and `/logs/ab` one key, as they are one resource
 /// to axum's `Path` extractor; otherwise a stale holder could dodge its mark by
 /// spelling the path differently. A path that does not decode to UTF-8 has no key.
+/// With the `axum` feature, inside a nested router the key is the whole original
+/// path, not the part the nested router sees.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PathKey;
 
 impl<B> KeyExtractor<B> for PathKey {
     fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
-        percent_decode_str(request.uri().path()).decode_utf8().ok()
+        percent_decode_str(full_path(request)).decode_utf8().ok()
     }
+}
+
+/// The request's path as the client sent it: axum's nested routers strip their
+/// prefix from the URI and keep the original in `OriginalUri`.
+pub(crate) fn full_path<B>(request: &Request<B>) -> &str {
+    #[cfg(feature = "axum")]
+    if let Some(axum::extract::OriginalUri(uri)) = request.extensions().get() {
+        return uri.path();
+    }
+    request.uri().path()
 }
 
 /// Keys by the value of one request header (a tenant or resource id header, say).

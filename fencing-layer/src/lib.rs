@@ -21,7 +21,8 @@
 //!
 //! let app: Router = Router::new()
 //!     .route("/logs/{name}", post(append))
-//!     // `route_layer`, so unknown paths get 404 without touching the key table.
+//!     // `route_layer`, not `layer`: unknown paths then get 404 without
+//!     // touching the key table, which a client could otherwise fill with junk.
 //!     .route_layer(FencingLayer::new());
 //! # let _ = app;
 //! ```
@@ -57,6 +58,13 @@
 //! could pass the check, stall inside the handler and write after the newer
 //! holder. With [`InFlightPolicy::Cancel`] the newer holder does not wait: the
 //! older requests' futures are dropped and answered 409.
+//!
+//! "Inside" means until the inner service's response future completes or is
+//! dropped. Work that outlives it is invisible to the layer: a task the handler
+//! spawned, a `spawn_blocking` still running after the client went away, a
+//! streamed response body. Pass the token on with such work and have the store
+//! check it again (see below); the layer then gives early rejection, the store
+//! the last word.
 //!
 //! [RFC 9457]: https://www.rfc-editor.org/rfc/rfc9457
 //!
@@ -156,5 +164,8 @@ pub use crate::respond::{PROBLEM_TYPE_PREFIX, ProblemJson, RejectionResponder};
 pub use crate::service::Fencing;
 #[cfg(feature = "redb")]
 pub use crate::store::RedbMarkLog;
-pub use crate::store::{DEFAULT_MAX_KEYS, MarkLog, MarkStore, MarkStoreBuilder, StoreError};
+pub use crate::store::{
+    DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_KEYS, DEFAULT_WRITE_TIMEOUT, MarkLog, MarkStore, MarkStoreBuilder,
+    StoreError,
+};
 pub use crate::token::{FencingToken, TokenError};

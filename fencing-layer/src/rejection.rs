@@ -22,6 +22,11 @@ pub enum Rejection {
     InvalidToken(TokenError),
     /// The key extractor found no resource key in the request (400).
     MissingKey,
+    /// The resource key is new and longer than the store takes (400).
+    KeyTooLong {
+        /// The longest key the store takes, in bytes.
+        limit: usize,
+    },
     /// The token is lower than the highest seen for the key (409): either on
     /// arrival, or because a higher token arrived while this request waited.
     Stale {
@@ -43,7 +48,8 @@ pub enum Rejection {
         highest: u64,
     },
     /// Lower-token requests were still inside the inner service when the drain
-    /// bound ran out (503). The mark stays raised; retry after `retry_after`.
+    /// bound ran out, or another request's write of this raise had not finished
+    /// (503). The mark stays raised; retry after `retry_after`.
     DrainTimeout {
         /// The resource key.
         key: String,
@@ -66,6 +72,8 @@ pub enum Rejection {
         presented: u64,
         /// What the store reported.
         error: StoreError,
+        /// How long the client should wait before retrying.
+        retry_after: Duration,
     },
 }
 
@@ -75,7 +83,7 @@ impl Rejection {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::MissingToken => StatusCode::PRECONDITION_REQUIRED,
-            Self::InvalidToken(_) | Self::MissingKey => StatusCode::BAD_REQUEST,
+            Self::InvalidToken(_) | Self::MissingKey | Self::KeyTooLong { .. } => StatusCode::BAD_REQUEST,
             Self::Stale { .. } | Self::Cancelled { .. } => StatusCode::CONFLICT,
             Self::DrainTimeout { .. } | Self::KeyTableFull { .. } | Self::StoreUnavailable { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -91,6 +99,7 @@ impl Rejection {
             Self::MissingToken => "missing-token",
             Self::InvalidToken(_) => "invalid-token",
             Self::MissingKey => "missing-key",
+            Self::KeyTooLong { .. } => "key-too-long",
             Self::Stale { .. } => "stale-token",
             Self::Cancelled { .. } => "cancelled",
             Self::DrainTimeout { .. } => "drain-timeout",
@@ -136,8 +145,9 @@ impl Rejection {
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::DrainTimeout { retry_after, .. } => Some(*retry_after),
-            Self::StoreUnavailable { .. } => Some(Duration::from_secs(1)),
+            Self::DrainTimeout { retry_after, .. } | Self::StoreUnavailable { retry_after, .. } => {
+                Some(*retry_after)
+            }
             _ => None,
         }
     }
@@ -149,6 +159,7 @@ impl fmt::Display for Rejection {
             Self::MissingToken => f.write_str("this request must carry a fencing token"),
             Self::InvalidToken(error) => error.fmt(f),
             Self::MissingKey => f.write_str("no resource key could be extracted from the request"),
+            Self::KeyTooLong { limit } => write!(f, "the resource key is longer than {limit} bytes"),
             Self::Stale { key, presented, highest } => {
                 write!(f, "fencing token {presented} is stale for {key}: the highest seen is {highest}")
             }
@@ -158,12 +169,13 @@ impl fmt::Display for Rejection {
             ),
             Self::DrainTimeout { key, presented, .. } => write!(
                 f,
-                "requests with lower tokens for {key} did not finish in time; token {presented} was not admitted"
+                "token {presented} for {key} was not admitted in time: \
+                 requests with lower tokens, or the write of the raise, were still in progress"
             ),
             Self::KeyTableFull { limit } => {
                 write!(f, "the fencing key table is full ({limit} keys)")
             }
-            Self::StoreUnavailable { key, presented, error } => {
+            Self::StoreUnavailable { key, presented, error, .. } => {
                 write!(f, "the raise to {presented} for {key} could not be recorded: {error}")
             }
         }

@@ -105,7 +105,7 @@ impl ProblemJson {
     #[must_use]
     pub fn body(rejection: &Rejection) -> Bytes {
         let key_limit = match rejection {
-            Rejection::KeyTableFull { limit } => Some(*limit),
+            Rejection::KeyTableFull { limit } | Rejection::KeyTooLong { limit } => Some(*limit),
             _ => None,
         };
         let status = rejection.status().as_u16();
@@ -126,6 +126,7 @@ fn title(rejection: &Rejection) -> &'static str {
         Rejection::MissingToken => "Fencing token required",
         Rejection::InvalidToken(_) => "Invalid fencing token",
         Rejection::MissingKey => "No resource key",
+        Rejection::KeyTooLong { .. } => "Resource key too long",
         Rejection::Stale { .. } => "Stale fencing token",
         Rejection::Cancelled { .. } => "Cancelled by a newer fencing token",
         Rejection::DrainTimeout { .. } => "Older requests still in flight",

@@ -116,17 +116,20 @@ where
             Err(StoreError::KeyTableFull { limit }) => {
                 return ResponseFuture::rejected(shared, Rejection::KeyTableFull { limit });
             }
+            Err(StoreError::KeyTooLong { limit }) => {
+                return ResponseFuture::rejected(shared, Rejection::KeyTooLong { limit });
+            }
             Err(error) => {
-                let rejection =
-                    Rejection::StoreUnavailable { key: key.into_owned(), presented: token.get(), error };
+                let (key, presented, retry_after) = (key.into_owned(), token.get(), config.retry_after);
+                let rejection = Rejection::StoreUnavailable { key, presented, error, retry_after };
                 return ResponseFuture::rejected(shared, rejection);
             }
         };
         match state.admit(&key, token.get(), config.store.is_durable()) {
-            Admission::Enter => {
-                tracing::debug!(key = &*key, token = token.get(), "fenced request admitted");
+            Admission::Enter(guard) => {
+                tracing::debug!(key = ?key, token = token.get(), "fenced request admitted");
                 let key = config.watches_in_flight().then(|| key.into_owned());
-                ResponseFuture::enter(&mut self.inner, request, token, key, state, shared)
+                ResponseFuture::enter(&mut self.inner, request, token, key, guard, shared)
             }
             Admission::Stale { highest } => {
                 let rejection = Rejection::Stale { key: key.into_owned(), presented: token.get(), highest };
@@ -149,11 +152,14 @@ pub(crate) fn respond<B, R: RejectionResponder<B>>(responder: &R, rejection: Rej
     tracing::info!(
         kind = rejection.kind(),
         status = rejection.status().as_u16(),
-        "fenced request rejected: {rejection}"
+        key = ?rejection.key(),
+        presented = rejection.presented(),
+        highest = rejection.highest(),
+        "fenced request rejected"
     );
     let mut response = responder.respond(&rejection);
     if let Some(after) = rejection.retry_after() {
-        let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        let seconds = after.as_secs().saturating_add(u64::from(after.subsec_nanos() > 0));
         response.headers_mut().insert(http::header::RETRY_AFTER, seconds.max(1).into());
     }
     response.extensions_mut().insert(rejection);

@@ -155,6 +155,18 @@ async fn missing_keys_are_400(http: bool) {
     client.stop().await;
 }
 
+async fn overlong_new_keys_are_400(http: bool) {
+    let store = MarkStore::builder().max_key_bytes(16).in_memory();
+    let (router, writes) = app(FencingLayer::new().store(store.clone()));
+    let client = Client::new(router, http).await;
+    let reply = client.post("/logs/abcdefghijklmnop", "1").await;
+    assert_eq!(reply.status, StatusCode::BAD_REQUEST);
+    assert_eq!(kind(&reply), "key-too-long");
+    assert_eq!(client.post("/logs/abcdefghij", "1").await.status, StatusCode::OK);
+    assert_eq!((store.len(), writes.seen().len()), (1, 1));
+    client.stop().await;
+}
+
 async fn allow_unfenced_passes_tokenless_writes_but_checks_tokens(http: bool) {
     let (router, writes) = app(FencingLayer::new().allow_unfenced(true));
     let client = Client::new(router, http).await;
@@ -281,6 +293,7 @@ both_ways!(
     malformed_tokens_are_400,
     stale_tokens_are_409_and_equal_or_higher_pass,
     missing_keys_are_400,
+    overlong_new_keys_are_400,
     allow_unfenced_passes_tokenless_writes_but_checks_tokens,
     a_full_key_table_refuses_new_keys_only,
     a_failing_store_admits_nothing_it_cannot_record,

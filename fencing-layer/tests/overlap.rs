@@ -182,3 +182,104 @@ async fn rejections_travel_in_the_response_extensions() {
         Some(&Rejection::Stale { key: "/r/0".into(), presented: 4, highest: 5 })
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_holder_enters_only_after_the_dropped_handler_is_gone() {
+    // Token 1's request is driven, then dropped, on a thread of its own, and its
+    // handler's drop is slow; the waiting token 2 runs on this runtime's workers.
+    // Were the place inside given up before the handler's future was dropped,
+    // token 2 would enter while token 1's drop is still running.
+    use std::sync::{Arc, Mutex};
+    use tower::ServiceExt;
+    struct SlowDrop(Arc<Mutex<Vec<&'static str>>>);
+    impl Drop for SlowDrop {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_millis(100));
+            self.0.lock().unwrap().push("dropped 1");
+        }
+    }
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let (started, entered) = std::sync::mpsc::channel();
+    let record = log.clone();
+    let handler = move |axum::Extension(token): axum::Extension<fencing_layer::FencingToken>| {
+        let (log, started) = (record.clone(), started.clone());
+        async move {
+            if token.get() == 1 {
+                let _slow = SlowDrop(log.clone());
+                started.send(()).unwrap();
+                std::future::pending::<()>().await;
+            }
+            log.lock().unwrap().push("entered 2");
+        }
+    };
+    let router =
+        axum::Router::new().route("/r", axum::routing::post(handler)).route_layer(FencingLayer::new());
+    let request = |token: u64| {
+        http::Request::post("/r").header("fencing-token", token).body(axum::body::Body::empty()).unwrap()
+    };
+    let (go, drop_now) = std::sync::mpsc::channel::<()>();
+    let first = std::thread::spawn({
+        let router = router.clone();
+        let first = request(1);
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let mut response = Box::pin(router.oneshot(first));
+            runtime.block_on(async {
+                let poll_once = std::future::poll_fn(|cx| {
+                    let _ = response.as_mut().poll(cx);
+                    std::task::Poll::Ready(())
+                });
+                poll_once.await;
+            });
+            drop_now.recv().unwrap();
+            drop(response);
+        }
+    });
+    tokio::task::spawn_blocking(move || entered.recv().unwrap()).await.unwrap();
+    let second = tokio::spawn(router.clone().oneshot(request(2)));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    go.send(()).unwrap();
+    assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::OK);
+    first.join().unwrap();
+    assert_eq!(*log.lock().unwrap(), ["dropped 1", "entered 2"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_request_calls_the_service_it_readied() {
+    // ConcurrencyLimit hands a permit to the clone that `poll_ready` readied and
+    // panics if a clone without one is called: a waiting request must keep and
+    // later call the readied service, not the one left behind for the next call.
+    use std::sync::Arc;
+    use tower::{Service, ServiceBuilder, ServiceExt};
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let inner = {
+        let gate = gate.clone();
+        tower::service_fn(move |request: http::Request<()>| {
+            let gate = gate.clone();
+            async move {
+                if request.headers()["fencing-token"] == "1" {
+                    let _ = gate.acquire().await;
+                }
+                Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+            }
+        })
+    };
+    let mut service = ServiceBuilder::new().layer(FencingLayer::new()).concurrency_limit(2).service(inner);
+    let request = |token: &str| http::Request::post("/k").header("fencing-token", token).body(()).unwrap();
+    let first = service.ready().await.unwrap().call(request("1"));
+    let first = tokio::spawn(first);
+    sleep(Duration::from_millis(10)).await;
+    let second = tokio::spawn(service.ready().await.unwrap().call(request("2")));
+    sleep(Duration::from_millis(10)).await;
+    assert!(!second.is_finished(), "token 2 did not wait for token 1");
+    gate.close();
+    assert_eq!(first.await.unwrap().unwrap().status(), StatusCode::OK);
+    assert_eq!(second.await.unwrap().unwrap().status(), StatusCode::OK);
+    // Both permits came back.
+    for token in ["2", "3"] {
+        assert_eq!(
+            service.ready().await.unwrap().call(request(token)).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+}

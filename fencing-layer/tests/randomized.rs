@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::Path;
 use axum::routing::post;
 use common::Event;
-use fencing_layer::{FencingLayer, FencingToken, InFlightPolicy};
+use fencing_layer::{FencingLayer, FencingToken, InFlightPolicy, Rejection};
 use http::{Request, StatusCode};
 use proptest::prelude::*;
 use std::sync::{Arc, Mutex};
@@ -59,7 +59,7 @@ fn check(history: &[Event]) -> Result<(), String> {
 
 /// Runs `steps` concurrently through `layer` (or bare when `None`); returns the
 /// handler history and every response status.
-fn run(steps: &[Step], layer: Option<FencingLayer>) -> (Vec<Event>, Vec<StatusCode>) {
+fn run(steps: &[Step], layer: Option<FencingLayer>) -> (Vec<Event>, Vec<(StatusCode, Option<&'static str>)>) {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     let history = Arc::new(Mutex::new(Vec::new()));
     let yields: HashMap<(u64, u64), u8> = steps.iter().map(|&(k, t, y)| ((k, t), y)).collect();
@@ -95,7 +95,8 @@ fn run(steps: &[Step], layer: Option<FencingLayer>) -> (Vec<Event>, Vec<StatusCo
                         .header("fencing-token", token)
                         .body(Body::empty())
                         .unwrap();
-                    router.oneshot(request).await.unwrap().status()
+                    let response = router.oneshot(request).await.unwrap();
+                    (response.status(), response.extensions().get::<Rejection>().map(Rejection::kind))
                 })
             })
             .collect();
@@ -118,19 +119,22 @@ proptest! {
 
     #[test]
     fn drain_policy_keeps_both_invariants(steps in steps()) {
-        let (history, statuses) = run(&steps, Some(FencingLayer::new()));
+        let (history, outcomes) = run(&steps, Some(FencingLayer::new()));
         prop_assert_eq!(check(&history), Ok(()));
-        let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+        let admitted = outcomes.iter().filter(|(s, _)| *s == StatusCode::OK).count();
         prop_assert_eq!(admitted * 2, history.len());
-        prop_assert!(statuses.iter().all(|s| *s == StatusCode::OK || *s == StatusCode::CONFLICT), "{:?}", statuses);
+        prop_assert!(outcomes.iter().all(|o| matches!(o, (StatusCode::OK, None) | (StatusCode::CONFLICT, Some("stale-token")))), "{:?}", outcomes);
     }
 
     #[test]
     fn cancel_policy_keeps_both_invariants(steps in steps()) {
         let layer = FencingLayer::new().in_flight_policy(InFlightPolicy::Cancel);
-        let (history, statuses) = run(&steps, Some(layer));
+        let (history, outcomes) = run(&steps, Some(layer));
         prop_assert_eq!(check(&history), Ok(()));
-        prop_assert!(statuses.iter().all(|s| *s == StatusCode::OK || *s == StatusCode::CONFLICT), "{:?}", statuses);
+        // Everyone who entered either finished (200) or was cancelled (409 cancelled).
+        let entered = outcomes.iter().filter(|o| matches!(o, (StatusCode::OK, None) | (_, Some("cancelled")))).count();
+        prop_assert_eq!(entered * 2, history.len());
+        prop_assert!(outcomes.iter().all(|(s, _)| *s == StatusCode::OK || *s == StatusCode::CONFLICT), "{:?}", outcomes);
     }
 }
 

@@ -30,8 +30,8 @@ use tokio::sync::futures::OwnedNotified;
 
 /// What a request with a given token may do now.
 pub(crate) enum Admission {
-    /// Enter the inner service now; the caller must [`KeyState::leave`] when done.
-    Enter,
+    /// Enter the inner service now, holding this place until done.
+    Enter(InsideGuard),
     /// Refuse: the token is below the mark.
     Stale { highest: u64 },
     /// Wait for the notification, then ask again.
@@ -92,13 +92,22 @@ impl KeyState {
 
     /// Decides what a request carrying `token` may do. `durable` says whether a
     /// raise must be recorded before it is admitted.
-    pub(crate) fn admit(&self, key: &str, token: u64, durable: bool) -> Admission {
+    pub(crate) fn admit(self: &Arc<Self>, key: &str, token: u64, durable: bool) -> Admission {
         let mut m = self.lock();
+        let old = m.mark;
+        let admission = self.decide(&mut m, token, durable);
+        drop(m);
+        if token > old {
+            tracing::info!(key = ?key, old, new = token, "fencing mark raised");
+        }
+        admission
+    }
+
+    fn decide(self: &Arc<Self>, m: &mut Marks, token: u64, durable: bool) -> Admission {
         if token < m.mark {
             return Admission::Stale { highest: m.mark };
         }
         if token > m.mark {
-            tracing::info!(key, old = m.mark, new = token, "fencing mark raised");
             m.mark = token;
             if !durable {
                 m.recorded = token;
@@ -119,13 +128,13 @@ impl KeyState {
         if m.inside_count == 0 || m.inside == token {
             m.inside = token;
             m.inside_count += 1;
-            return Admission::Enter;
+            return Admission::Enter(InsideGuard(Arc::clone(self)));
         }
         Admission::Wait(m.notified())
     }
 
     /// A request admitted by [`admit`](Self::admit) has left the inner service.
-    pub(crate) fn leave(&self) {
+    fn leave(&self) {
         let mut m = self.lock();
         m.inside_count -= 1;
         if m.inside_count == 0 {
@@ -174,17 +183,13 @@ impl KeyState {
     }
 }
 
-/// Holds a place inside the inner service; leaving is tied to drop, so a
-/// cancelled or panicking inner future still lets the next holder in.
+/// A place inside the inner service, made only by [`KeyState::admit`]; leaving
+/// is tied to drop, so a cancelled or panicking inner future still lets the
+/// next holder in.
 #[derive(Debug)]
 pub(crate) struct InsideGuard(Arc<KeyState>);
 
 impl InsideGuard {
-    /// Takes over the place that [`Admission::Enter`] granted.
-    pub(crate) fn new(state: Arc<KeyState>) -> Self {
-        Self(state)
-    }
-
     pub(crate) fn state(&self) -> &Arc<KeyState> {
         &self.0
     }
@@ -200,42 +205,46 @@ impl Drop for InsideGuard {
 mod tests {
     use super::*;
 
-    fn enter(state: &KeyState, token: u64) -> bool {
-        matches!(state.admit("k", token, false), Admission::Enter)
+    /// Admits `token` and keeps its place until the returned guard is dropped.
+    fn enter(state: &Arc<KeyState>, token: u64) -> Option<InsideGuard> {
+        match state.admit("k", token, false) {
+            Admission::Enter(guard) => Some(guard),
+            _ => None,
+        }
     }
 
     #[test]
     fn equal_tokens_share_the_inside_and_higher_ones_wait() {
-        let state = KeyState::new(0);
-        assert!(enter(&state, 1));
-        assert!(enter(&state, 1));
+        let state = Arc::new(KeyState::new(0));
+        let first = enter(&state, 1).unwrap();
+        let second = enter(&state, 1).unwrap();
         assert!(matches!(state.admit("k", 2, false), Admission::Wait(_)));
         // The raise already happened: token 1 is stale now, even though it is inside.
         assert!(matches!(state.admit("k", 1, false), Admission::Stale { highest: 2 }));
-        state.leave();
+        drop(first);
         assert!(matches!(state.admit("k", 2, false), Admission::Wait(_)));
-        state.leave();
-        assert!(enter(&state, 2));
+        drop(second);
+        assert!(enter(&state, 2).is_some());
         assert_eq!(state.mark(), 2);
     }
 
     #[test]
     fn a_durable_raise_is_recorded_once_before_anyone_enters() {
-        let state = KeyState::new(3);
+        let state = Arc::new(KeyState::new(3));
         assert!(matches!(state.admit("k", 5, true), Admission::Record));
         assert!(matches!(state.admit("k", 5, true), Admission::Wait(_)));
         state.recorded(5, false);
         // The failed write is retried by the next request, not skipped.
         assert!(matches!(state.admit("k", 5, true), Admission::Record));
         state.recorded(5, true);
-        assert!(matches!(state.admit("k", 5, true), Admission::Enter));
+        assert!(matches!(state.admit("k", 5, true), Admission::Enter(_)));
         assert!(matches!(state.admit("k", 3, true), Admission::Stale { highest: 5 }));
     }
 
     #[test]
     fn watch_reports_an_overtaken_token() {
-        let state = KeyState::new(0);
-        assert!(enter(&state, 4));
+        let state = Arc::new(KeyState::new(0));
+        let _inside = enter(&state, 4).unwrap();
         assert!(state.watch(4).is_ok());
         assert!(matches!(state.admit("k", 9, false), Admission::Wait(_)));
         assert_eq!(state.watch(4).err(), Some(9));

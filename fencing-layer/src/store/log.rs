@@ -85,7 +85,8 @@ impl Writer {
 impl Drop for Writer {
     fn drop(&mut self) {
         drop(self.jobs.take());
-        if let Some(thread) = self.thread.take() {
+        // A log that holds its own store could drop it from the writer thread: never self-join.
+        if let Some(thread) = self.thread.take().filter(|t| t.thread().id() != std::thread::current().id()) {
             let _ = thread.join();
         }
     }
@@ -101,7 +102,9 @@ fn run(log: &dyn MarkLog, queue: &mpsc::Receiver<Job>) {
             }
         }
         let raises: Vec<(&str, u64)> = batch.iter().map(|job| (&*job.key, job.token)).collect();
-        let result = log.record(&raises);
+        // A panicking log must not strand the batch: its requests would wait forever.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| log.record(&raises)))
+            .unwrap_or_else(|_| Err(StoreError::log(std::io::Error::other("the mark log panicked"))));
         if let Err(error) = &result {
             tracing::error!(%error, raises = raises.len(), "recording fencing marks failed");
         }

@@ -31,6 +31,7 @@ mod redb;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
@@ -41,8 +42,16 @@ pub use self::log::MarkLog;
 #[cfg(feature = "redb")]
 pub use self::redb::RedbMarkLog;
 
-/// How many keys a store tracks unless told otherwise (about 150 MB of marks).
+/// How many keys a store tracks unless told otherwise.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// The longest key a store takes unless told otherwise, in bytes. With
+/// [`DEFAULT_MAX_KEYS`] this bounds the table at about 1 GiB in the worst case;
+/// typical paths are far shorter (see `BENCHMARKS.md` for bytes per key).
+pub const DEFAULT_MAX_KEY_BYTES: usize = 1024;
+
+/// How long a request waits for the durable log to confirm its raise, unless told otherwise.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A cloneable handle to the table of marks.
 #[derive(Clone)]
@@ -53,7 +62,7 @@ pub struct MarkStore {
 struct Table {
     keys: DashMap<Box<str>, Arc<KeyState>>,
     len: AtomicUsize,
-    max_keys: usize,
+    limits: MarkStoreBuilder,
     durable: Option<Durable>,
 }
 
@@ -81,7 +90,11 @@ impl MarkStore {
 
     /// A builder to set the key limit and the durable log.
     pub fn builder() -> MarkStoreBuilder {
-        MarkStoreBuilder { max_keys: DEFAULT_MAX_KEYS }
+        MarkStoreBuilder {
+            max_keys: DEFAULT_MAX_KEYS,
+            max_key_bytes: DEFAULT_MAX_KEY_BYTES,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
+        }
     }
 
     /// How many keys have a mark.
@@ -99,7 +112,18 @@ impl MarkStore {
     /// The most keys the store takes before refusing new ones.
     #[must_use]
     pub fn max_keys(&self) -> usize {
-        self.table.max_keys
+        self.table.limits.max_keys
+    }
+
+    /// The longest key the store takes, in bytes.
+    #[must_use]
+    pub fn max_key_bytes(&self) -> usize {
+        self.table.limits.max_key_bytes
+    }
+
+    /// How long a raise may wait for the durable log.
+    pub(crate) fn write_timeout(&self) -> Duration {
+        self.table.limits.write_timeout
     }
 
     /// Whether raises are recorded in a durable log.
@@ -137,10 +161,14 @@ impl MarkStore {
         if let Some(state) = self.table.keys.get(key) {
             return Ok(Arc::clone(&state));
         }
+        let max_key_bytes = self.table.limits.max_key_bytes;
+        if key.len() > max_key_bytes {
+            return Err(StoreError::KeyTooLong { limit: max_key_bytes });
+        }
         match self.table.keys.entry(key.into()) {
             Entry::Occupied(entry) => Ok(Arc::clone(entry.get())),
             Entry::Vacant(entry) => {
-                let limit = self.table.max_keys;
+                let limit = self.table.limits.max_keys;
                 self.table
                     .len
                     .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| (n < limit).then_some(n + 1))
@@ -191,12 +219,29 @@ impl fmt::Debug for MarkStore {
 #[must_use]
 pub struct MarkStoreBuilder {
     max_keys: usize,
+    max_key_bytes: usize,
+    write_timeout: Duration,
 }
 
 impl MarkStoreBuilder {
     /// The most keys to track; new keys past it get 503 (default [`DEFAULT_MAX_KEYS`]).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
+        self
+    }
+
+    /// The longest key to track, in bytes; a request with a longer new key gets
+    /// 400 (default [`DEFAULT_MAX_KEY_BYTES`]). Together with `max_keys` this
+    /// bounds the table's memory.
+    pub fn max_key_bytes(mut self, max_key_bytes: usize) -> Self {
+        self.max_key_bytes = max_key_bytes;
+        self
+    }
+
+    /// How long a raising request waits for the durable log before it gets 503
+    /// (default [`DEFAULT_WRITE_TIMEOUT`]). The drain bound starts after the write.
+    pub fn write_timeout(mut self, write_timeout: Duration) -> Self {
+        self.write_timeout = write_timeout;
         self
     }
 
@@ -236,12 +281,7 @@ impl MarkStoreBuilder {
 
     fn build(self, durable: Option<Durable>) -> MarkStore {
         MarkStore {
-            table: Arc::new(Table {
-                keys: DashMap::new(),
-                len: AtomicUsize::new(0),
-                max_keys: self.max_keys,
-                durable,
-            }),
+            table: Arc::new(Table { keys: DashMap::new(), len: AtomicUsize::new(0), limits: self, durable }),
         }
     }
 }
@@ -255,6 +295,13 @@ pub enum StoreError {
         /// The table's capacity.
         limit: usize,
     },
+    /// The key is longer than the store takes.
+    KeyTooLong {
+        /// The longest key the store takes, in bytes.
+        limit: usize,
+    },
+    /// The durable log did not confirm the write in time.
+    Timeout(Duration),
     /// The durable log failed.
     Log(Arc<dyn std::error::Error + Send + Sync>),
     /// The log writer has stopped.
@@ -272,6 +319,8 @@ impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::KeyTableFull { limit } => write!(f, "the key table is full ({limit} keys)"),
+            Self::KeyTooLong { limit } => write!(f, "the key is longer than {limit} bytes"),
+            Self::Timeout(after) => write!(f, "the mark log did not confirm the write within {after:?}"),
             Self::Log(error) => write!(f, "the mark log failed: {error}"),
             Self::Closed => f.write_str("the mark log writer has stopped"),
         }
@@ -291,6 +340,8 @@ impl PartialEq for StoreError {
     fn eq(&self, other: &Self) -> bool {
         match (self, other) {
             (Self::KeyTableFull { limit: a }, Self::KeyTableFull { limit: b }) => a == b,
+            (Self::KeyTooLong { limit: a }, Self::KeyTooLong { limit: b }) => a == b,
+            (Self::Timeout(a), Self::Timeout(b)) => a == b,
             (Self::Log(a), Self::Log(b)) => Arc::ptr_eq(a, b) || a.to_string() == b.to_string(),
             (Self::Closed, Self::Closed) => true,
             _ => false,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
-use common::{Event, Probe, post_token};
+use common::{Event, Probe, post_token, spawn_post};
 use fencing_layer::{FencingLayer, InFlightPolicy, MarkLog, MarkStore, RedbMarkLog, StoreError};
 use http::StatusCode;
 
@@ -227,18 +227,12 @@ async fn a_raise_overtaken_while_its_write_fails_is_stale() {
     let store = MarkStore::builder().durable(log.clone()).unwrap();
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new().store(store.clone()));
-    let five = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 1, 5).await }
-    });
+    let five = spawn_post(&router, 1, 5);
     // Wait until the writer is inside the write of 5, so 7 gets a write of its own.
     while log.calls.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    let seven = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 1, 7).await.status }
-    });
+    let seven = spawn_post(&router, 1, 7);
     while store.mark("/r/1") != Some(7) {
         tokio::task::yield_now().await;
     }
@@ -247,7 +241,7 @@ async fn a_raise_overtaken_while_its_write_fails_is_stale() {
     let five = five.await.unwrap();
     assert_eq!(five.status, StatusCode::CONFLICT, "{:?}", five.body);
     assert_eq!(five.problem()["highest_token"], 7);
-    assert_eq!(seven.await.unwrap(), StatusCode::OK);
+    assert_eq!(seven.await.unwrap().status, StatusCode::OK);
     assert_eq!(probe.events(), [Event::Enter(1, 7), Event::Exit(1, 7)]);
 }
 
@@ -259,13 +253,10 @@ async fn the_cancel_policy_works_with_a_durable_store() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new().store(store).in_flight_policy(InFlightPolicy::Cancel));
     probe.hold(1);
-    let first = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 1).await.status }
-    });
+    let first = spawn_post(&router, 0, 1);
     probe.wait_for(Event::Enter(0, 1)).await;
     assert_eq!(post_token(&router, 0, 2).await.status, StatusCode::OK);
-    assert_eq!(first.await.unwrap(), StatusCode::CONFLICT);
+    assert_eq!(first.await.unwrap().status, StatusCode::CONFLICT);
     assert_eq!(
         probe.events(),
         [Event::Enter(0, 1), Event::Dropped(0, 1), Event::Enter(0, 2), Event::Exit(0, 2)]

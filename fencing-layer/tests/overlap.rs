@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Event, Probe, post_token};
+use common::{Event, Probe, post_token, spawn_post};
 use fencing_layer::{FencingLayer, InFlightPolicy, Rejection};
 use http::StatusCode;
 use tokio::time::{Instant, sleep};
@@ -16,15 +16,9 @@ async fn a_higher_token_waits_until_the_lower_one_has_returned() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new());
     probe.hold(1);
-    let first = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 1).await.status }
-    });
+    let first = spawn_post(&router, 0, 1);
     probe.wait_for(Event::Enter(0, 1)).await;
-    let second = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 2).await.status }
-    });
+    let second = spawn_post(&router, 0, 2);
     sleep(Duration::from_secs(2)).await;
     assert_eq!(probe.events(), [Event::Enter(0, 1)], "token 2 entered while token 1 was inside");
     // The mark rose the moment token 2 arrived: the old holder's next write is refused at once.
@@ -32,8 +26,8 @@ async fn a_higher_token_waits_until_the_lower_one_has_returned() {
     // Another key is not held up.
     assert_eq!(post_token(&router, 9, 7).await.status, StatusCode::OK);
     probe.release(1);
-    assert_eq!(first.await.unwrap(), StatusCode::OK);
-    assert_eq!(second.await.unwrap(), StatusCode::OK);
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    assert_eq!(second.await.unwrap().status, StatusCode::OK);
     let key0: Vec<_> =
         probe.events().into_iter().filter(|e| matches!(e, Event::Enter(0, _) | Event::Exit(0, _))).collect();
     assert_eq!(key0, [Event::Enter(0, 1), Event::Exit(0, 1), Event::Enter(0, 2), Event::Exit(0, 2)]);
@@ -63,10 +57,7 @@ async fn the_drain_bound_gives_503_and_keeps_the_mark() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new().drain_timeout(Duration::from_secs(3)));
     probe.hold(1);
-    let first = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 1).await.status }
-    });
+    let first = spawn_post(&router, 0, 1);
     probe.wait_for(Event::Enter(0, 1)).await;
     let started = Instant::now();
     let reply = post_token(&router, 0, 2).await;
@@ -76,7 +67,7 @@ async fn the_drain_bound_gives_503_and_keeps_the_mark() {
     assert_eq!(reply.problem()["presented_token"], 2);
     assert_eq!(post_token(&router, 0, 1).await.status, StatusCode::CONFLICT);
     probe.release(1);
-    assert_eq!(first.await.unwrap(), StatusCode::OK);
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
     assert_eq!(post_token(&router, 0, 2).await.status, StatusCode::OK);
     assert_eq!(
         probe.events(),
@@ -89,20 +80,11 @@ async fn a_waiter_overtaken_by_a_still_higher_token_gets_409() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new());
     probe.hold(1);
-    let first = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 1).await.status }
-    });
+    let first = spawn_post(&router, 0, 1);
     probe.wait_for(Event::Enter(0, 1)).await;
-    let second = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 2).await }
-    });
+    let second = spawn_post(&router, 0, 2);
     sleep(Duration::from_millis(100)).await;
-    let third = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 3).await.status }
-    });
+    let third = spawn_post(&router, 0, 3);
     let started = Instant::now();
     let second = second.await.unwrap();
     assert_eq!(started.elapsed(), Duration::ZERO, "the overtaken waiter is answered at once");
@@ -112,8 +94,8 @@ async fn a_waiter_overtaken_by_a_still_higher_token_gets_409() {
         (2.into(), 3.into())
     );
     probe.release(1);
-    assert_eq!(first.await.unwrap(), StatusCode::OK);
-    assert_eq!(third.await.unwrap(), StatusCode::OK);
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    assert_eq!(third.await.unwrap().status, StatusCode::OK);
     assert_eq!(
         probe.events(),
         [Event::Enter(0, 1), Event::Exit(0, 1), Event::Enter(0, 3), Event::Exit(0, 3)]
@@ -126,10 +108,7 @@ async fn the_cancel_policy_drops_the_older_request_and_answers_it_409() {
     let layer = FencingLayer::new().in_flight_policy(InFlightPolicy::Cancel);
     let router = probe.router(layer);
     probe.hold(1);
-    let first = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 1).await }
-    });
+    let first = spawn_post(&router, 0, 1);
     probe.wait_for(Event::Enter(0, 1)).await;
     let started = Instant::now();
     let second = post_token(&router, 0, 2).await;
@@ -150,18 +129,12 @@ async fn a_disconnected_client_lets_the_next_holder_in() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new());
     probe.hold(1);
-    let first = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 1).await }
-    });
+    let first = spawn_post(&router, 0, 1);
     probe.wait_for(Event::Enter(0, 1)).await;
-    let second = tokio::spawn({
-        let router = router.clone();
-        async move { post_token(&router, 0, 2).await.status }
-    });
+    let second = spawn_post(&router, 0, 2);
     sleep(Duration::from_millis(100)).await;
     first.abort();
-    assert_eq!(second.await.unwrap(), StatusCode::OK);
+    assert_eq!(second.await.unwrap().status, StatusCode::OK);
     assert_eq!(
         probe.events(),
         [Event::Enter(0, 1), Event::Dropped(0, 1), Event::Enter(0, 2), Event::Exit(0, 2)]

@@ -224,3 +224,9 @@ pub async fn post_token(router: &Router, key: u64, token: u64) -> Reply {
         Request::post(format!("/r/{key}")).header("fencing-token", token).body(Body::empty()).unwrap();
     Reply::read(router.clone().oneshot(request).await.unwrap()).await
 }
+
+/// [`post_token`] on a task of its own.
+pub fn spawn_post(router: &Router, key: u64, token: u64) -> JoinHandle<Reply> {
+    let router = router.clone();
+    tokio::spawn(async move { post_token(&router, key, token).await })
+}

@@ -8,7 +8,8 @@
 //! outside the timing (`iter_batched`).
 //!
 //! Rows of group `overhead`:
-//! - `bare`, `noop_layer`: the floor (keys do not apply, measured once);
+//! - `bare`, `noop_layer`: the floor (keys do not apply; `noop_layer/N` repeats the
+//!   no-op row next to the rows at N keys, so each ratio compares neighbours);
 //! - `fenced_hot/N`: a seeded key, its current token (the common case);
 //! - `fenced_raise/N`: a token one higher than the last, every request;
 //! - `fenced_stale/N`: a token below the mark (409, problem+json body);
@@ -70,6 +71,9 @@ fn overhead(c: &mut Criterion) {
         let store = seeded_store(others, 8, &[(HOT, 7), (RAISE, 1), (STALE, 100)]);
         let router = fenced(store);
         let id = |name: &str| BenchmarkId::new(name, keys);
+        // The no-op layer again, right before the rows it is the floor for, so that a
+        // ratio compares runs minutes apart as little as possible on a busy machine.
+        bench_requests(&mut group, &runtime, id("noop_layer"), &noop(), hot);
         bench_requests(&mut group, &runtime, id("fenced_hot"), &router, hot);
         let next = Cell::new(1u64);
         bench_requests(&mut group, &runtime, id("fenced_raise"), &router, || {

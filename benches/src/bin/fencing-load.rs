@@ -13,7 +13,10 @@
 //! `POST /logs/load-{connection}` with `Fencing-Token: 1000`; `--stale-pct` and
 //! `--malformed-pct` mix in stale (`1`) and malformed (`01x`) tokens. Latency is
 //! from just before the request is sent to the end of the response body.
-//! Targets must be loopback addresses; every run is bounded in connections and time.
+//! In-process, it also reports the servers' on-CPU time per request (from
+//! `/proc/self/task/*/schedstat`), which a busy machine disturbs far less than
+//! throughput. Targets must be loopback addresses; every run is bounded in
+//! connections and time.
 //!
 //! ```text
 //! cargo run --release -p fencing-benches --bin fencing-load -- --connections 32 --duration 5 --rounds 3
@@ -96,6 +99,8 @@ struct Tally {
     bad_request: u64,
     other_status: u64,
     errors: u64,
+    /// Every request answered, warm-up included.
+    all_requests: u64,
 }
 
 impl Tally {
@@ -107,6 +112,7 @@ impl Tally {
             bad_request: 0,
             other_status: 0,
             errors: 0,
+            all_requests: 0,
         }
     }
 
@@ -117,6 +123,7 @@ impl Tally {
         self.bad_request += other.bad_request;
         self.other_status += other.other_status;
         self.errors += other.errors;
+        self.all_requests += other.all_requests;
     }
 
     fn requests(&self) -> u64 {
@@ -133,6 +140,8 @@ struct RoundRow {
     p50_us: f64,
     p99_us: f64,
     p999_us: f64,
+    /// On-CPU time of the in-process server's threads per request (both servers share them).
+    server_cpu_ns_per_request: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -149,6 +158,7 @@ struct TargetRow {
     p99_us: f64,
     p999_us: f64,
     max_us: f64,
+    server_cpu_ns_per_request: Option<f64>,
     status_2xx: u64,
     status_409: u64,
     status_400: u64,
@@ -165,6 +175,12 @@ struct Ratios {
     p50: f64,
     p99: f64,
     p999: f64,
+    /// In-process only: server on-CPU time per request.
+    server_cpu_per_request: Option<f64>,
+    /// Throughput ratio of each round (the two targets ran back to back), and their median:
+    /// the statistic least moved by a machine whose load drifts between rounds.
+    per_round_throughput: Vec<f64>,
+    median_per_round_throughput: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -185,6 +201,23 @@ struct Report {
     targets: Vec<TargetRow>,
     /// Present when there are two targets: the second (fenced) over the first (unfenced).
     ratios: Option<Ratios>,
+}
+
+/// Nanoseconds spent on a CPU by this process's threads named `name` (tokio's
+/// `thread_name`), from `/proc/self/task/*/schedstat`: unlike wall time, other
+/// processes competing for the cores do not inflate it. `None` off Linux.
+fn threads_cpu_ns(name: &str) -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()?.flatten() {
+        let path = task.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let stat = std::fs::read_to_string(path.join("schedstat")).unwrap_or_default();
+        total += stat.split_whitespace().next().and_then(|ns| ns.parse::<u64>().ok()).unwrap_or(0);
+    }
+    Some(total)
 }
 
 fn loadavg() -> String {
@@ -285,6 +318,7 @@ async fn connection(
                 break;
             }
         };
+        tally.all_requests += 1;
         if sent < record_from {
             continue;
         }
@@ -405,8 +439,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.warmup_ms,
         loadavg_start
     );
-    let mut totals: Vec<(Tally, Duration, Vec<f64>)> =
-        targets.iter().map(|_| (Tally::new(), Duration::ZERO, Vec::new())).collect();
+    let mut totals: Vec<(Tally, Duration, Vec<f64>, u64)> =
+        targets.iter().map(|_| (Tally::new(), Duration::ZERO, Vec::new(), 0)).collect();
     let mut rounds_detail = Vec::new();
     for r in 1..=args.rounds {
         let mut order: Vec<usize> = (0..targets.len()).collect();
@@ -415,7 +449,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         for i in order {
             let target = &targets[i];
+            let cpu_before = server_runtime.as_ref().and_then(|_| threads_cpu_ns("server"));
             let (tally, measured) = client.block_on(round(target, &args));
+            let cpu = cpu_before.zip(threads_cpu_ns("server")).map(|(before, after)| after - before);
             let rps = tally.requests() as f64 / measured.as_secs_f64();
             let row = RoundRow {
                 round: r,
@@ -425,16 +461,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 p50_us: micros(&tally.histogram, 0.5),
                 p99_us: micros(&tally.histogram, 0.99),
                 p999_us: micros(&tally.histogram, 0.999),
+                // Every request of the round, warm-up included, against the CPU time of the round.
+                server_cpu_ns_per_request: cpu.map(|ns| ns as f64 / tally.all_requests as f64),
             };
             eprintln!(
                 "round {r}/{} {:<9} {:>9.0} req/s  p50 {:>7.1} us  p99 {:>7.1} us  p99.9 {:>7.1} us  \
-                 2xx {} 409 {} 400 {} other {} errors {}  load {}",
+                 server {:>6.0} ns CPU/req  2xx {} 409 {} 400 {} other {} errors {}  load {}",
                 args.rounds,
                 row.target,
                 row.requests_per_s,
                 row.p50_us,
                 row.p99_us,
                 row.p999_us,
+                row.server_cpu_ns_per_request.unwrap_or(f64::NAN),
                 tally.ok,
                 tally.stale,
                 tally.bad_request,
@@ -447,6 +486,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             total.0.add(&tally);
             total.1 += measured;
             total.2.push(rps);
+            if let Some(ns) = cpu {
+                total.3 += ns;
+            }
         }
     }
     let loadavg_end = loadavg();
@@ -454,7 +496,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rows: Vec<TargetRow> = targets
         .iter()
         .zip(&mut totals)
-        .map(|(target, (tally, measured, per_round))| {
+        .map(|(target, (tally, measured, per_round, cpu_ns))| {
             let h = &tally.histogram;
             TargetRow {
                 target: target.label.clone(),
@@ -469,6 +511,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 p99_us: micros(h, 0.99),
                 p999_us: micros(h, 0.999),
                 max_us: h.max() as f64 / 1_000.0,
+                server_cpu_ns_per_request: server_runtime
+                    .as_ref()
+                    .map(|_| *cpu_ns as f64 / tally.all_requests as f64),
                 status_2xx: tally.ok,
                 status_409: tally.stale,
                 status_400: tally.bad_request,
@@ -477,19 +522,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         })
         .collect();
+    let mut per_round: Vec<f64> = (1..=args.rounds)
+        .filter_map(|r| {
+            let rps = |label: &str| {
+                rounds_detail
+                    .iter()
+                    .find(|row| row.round == r && row.target == label)
+                    .map(|row| row.requests_per_s)
+            };
+            Some(rps(&targets.get(1)?.label)? / rps(&targets.first()?.label)?)
+        })
+        .collect();
     let ratios = match rows.as_slice() {
         [base, fenced] => Some(Ratios {
+            per_round_throughput: per_round.clone(),
+            median_per_round_throughput: median(&mut per_round),
             throughput: fenced.requests_per_s / base.requests_per_s,
             median_round_throughput: fenced.median_round_requests_per_s / base.median_round_requests_per_s,
             p50: fenced.p50_us / base.p50_us,
             p99: fenced.p99_us / base.p99_us,
             p999: fenced.p999_us / base.p999_us,
+            server_cpu_per_request: fenced
+                .server_cpu_ns_per_request
+                .zip(base.server_cpu_ns_per_request)
+                .map(|(f, b)| f / b),
         }),
         _ => None,
     };
 
     println!(
-        "{:<9} {:>10} {:>11} {:>14} {:>9} {:>9} {:>9} {:>9} {:>8} {:>6} {:>6} {:>6}",
+        "{:<9} {:>10} {:>11} {:>14} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>6} {:>6} {:>6}",
         "target",
         "requests",
         "req/s",
@@ -498,6 +560,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "p99 us",
         "p99.9 us",
         "max us",
+        "srv CPU/req",
         "2xx",
         "409",
         "400",
@@ -505,7 +568,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     for row in &rows {
         println!(
-            "{:<9} {:>10} {:>11.0} {:>14.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>8} {:>6} {:>6} {:>6}",
+            "{:<9} {:>10} {:>11.0} {:>14.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.0} ns {:>8} {:>6} {:>6} {:>6}",
             row.target,
             row.requests,
             row.requests_per_s,
@@ -514,6 +577,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             row.p99_us,
             row.p999_us,
             row.max_us,
+            row.server_cpu_ns_per_request.unwrap_or(f64::NAN),
             row.status_2xx,
             row.status_409,
             row.status_400,
@@ -522,8 +586,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     if let Some(r) = &ratios {
         println!(
-            "ratio {}/{}: throughput {:.3} (median round {:.3}), p50 {:.3}, p99 {:.3}, p99.9 {:.3}",
-            rows[1].target, rows[0].target, r.throughput, r.median_round_throughput, r.p50, r.p99, r.p999
+            "ratio {}/{}: throughput {:.3} (median round {:.3}, median of per-round ratios {:.3}), \
+             p50 {:.3}, p99 {:.3}, p99.9 {:.3}, server CPU per request {:.3}",
+            rows[1].target,
+            rows[0].target,
+            r.throughput,
+            r.median_round_throughput,
+            r.median_per_round_throughput,
+            r.p50,
+            r.p99,
+            r.p999,
+            r.server_cpu_per_request.unwrap_or(f64::NAN)
         );
     }
     println!("load average: start {loadavg_start}, end {loadavg_end}");

@@ -56,18 +56,27 @@ pin_project! {
             guard: InsideGuard,
             watch: Watch<E, R>,
         },
-        // Waiting for lower tokens to drain, or for the log to record a raise.
+        // Waiting for lower tokens to drain, or for the log to record a raise. Boxed,
+        // so that the common case does not carry (and move) the waiting state around.
         Admitting {
-            #[pin]
-            wake: Wake,
-            #[pin]
-            deadline: Sleep,
-            pending: Pending<S, B, E, R>,
+            waiting: Pin<Box<Waiting<S, B, E, R>>>,
         },
         Rejected {
             response: Option<S::Response>,
         },
         Finished,
+    }
+}
+
+pin_project! {
+    /// A request that is not inside yet: what it waits for, its bound, and itself.
+    struct Waiting<S, B, E, R> {
+        #[pin]
+        wake: Wake,
+        #[pin]
+        deadline: Sleep,
+        // Taken when the request enters.
+        pending: Option<Pending<S, B, E, R>>,
     }
 }
 
@@ -141,7 +150,8 @@ where
             }
         };
         let deadline = tokio::time::sleep(bound);
-        Self::from(Kind::Admitting { wake, deadline, pending })
+        let waiting = Box::pin(Waiting { wake, deadline, pending: Some(pending) });
+        Self::from(Kind::Admitting { waiting })
     }
 }
 
@@ -250,7 +260,10 @@ where
                     kind.set(Kind::Finished);
                     return Poll::Ready(output);
                 }
-                KindProj::Admitting { mut wake, deadline, pending } => {
+                KindProj::Admitting { waiting } => {
+                    let waiting = waiting.as_mut().project();
+                    let (mut wake, deadline, slot) = (waiting.wake, waiting.deadline, waiting.pending);
+                    let Some(pending) = slot.as_ref() else { unreachable!("taken only on entering") };
                     // The write has its own bound; the drain's starts once the raise is recorded.
                     let (woken, writing) = match wake.as_mut().project() {
                         WakeProj::Notified { notified } => (notified.poll(cx).map(Ok), false),
@@ -295,11 +308,7 @@ where
                                     continue;
                                 }
                                 Admission::Enter(guard) => {
-                                    let KindReplace::Admitting { pending, .. } =
-                                        kind.as_mut().project_replace(Kind::Finished)
-                                    else {
-                                        unreachable!("matched Admitting above")
-                                    };
+                                    let Some(pending) = slot.take() else { unreachable!("checked above") };
                                     let Pending { mut inner, request, token, key, shared, .. } = pending;
                                     tracing::debug!(
                                         key,

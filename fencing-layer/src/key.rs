@@ -54,7 +54,12 @@ pub struct PathKey;
 
 impl<B> KeyExtractor<B> for PathKey {
     fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
-        percent_decode_str(full_path(request)).decode_utf8().ok()
+        let path = full_path(request);
+        // Most paths have no escapes: borrow them as they are (a URI path is already UTF-8).
+        if !path.as_bytes().contains(&b'%') {
+            return Some(Cow::Borrowed(path));
+        }
+        percent_decode_str(path).decode_utf8().ok()
     }
 }
 

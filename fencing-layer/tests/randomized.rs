@@ -131,9 +131,11 @@ proptest! {
         let layer = FencingLayer::new().in_flight_policy(InFlightPolicy::Cancel);
         let (history, outcomes) = run(&steps, Some(layer));
         prop_assert_eq!(check(&history), Ok(()));
-        // Everyone who entered either finished (200) or was cancelled (409 cancelled).
-        let entered = outcomes.iter().filter(|o| matches!(o, (StatusCode::OK, None) | (_, Some("cancelled")))).count();
-        prop_assert_eq!(entered * 2, history.len());
+        // Every 200 ran the handler; a cancelled request may have been dropped
+        // before its handler started, so it may or may not have an entry.
+        let finished = outcomes.iter().filter(|o| matches!(o, (StatusCode::OK, None))).count();
+        let cancelled = outcomes.iter().filter(|o| matches!(o, (_, Some("cancelled")))).count();
+        prop_assert!((finished * 2..=(finished + cancelled) * 2).contains(&history.len()));
         prop_assert!(outcomes.iter().all(|(s, _)| *s == StatusCode::OK || *s == StatusCode::CONFLICT), "{:?}", outcomes);
     }
 }

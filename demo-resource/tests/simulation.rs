@@ -160,7 +160,7 @@ struct GrantRecord {
     completed: Instant,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 struct History {
     writes: Vec<WriteRecord>,
     grants: Vec<GrantRecord>,
@@ -639,4 +639,56 @@ fn unfenced_histories_fail_the_checker() {
         !failed.is_empty(),
         "without fencing no seed out of {count} broke the checker: the harness is blind"
     );
+}
+
+/// Each of the checker's properties fails on a history that breaks it: a
+/// checker that cannot fail proves nothing.
+#[test]
+fn the_checker_catches_each_kind_of_violation() {
+    let t0 = Instant::now();
+    let write = |key, token, value: &str, acked| WriteRecord {
+        key,
+        token,
+        value: value.into(),
+        acked,
+        status: acked.map(|a| if a { 201 } else { 409 }),
+    };
+    let grant = |client, token, at: u64| GrantRecord {
+        client,
+        key: 0,
+        token,
+        invoked: t0 + Duration::from_millis(at),
+        completed: t0 + Duration::from_millis(at + 1),
+    };
+    let good = History {
+        writes: vec![write(0, 1, "a", Some(true)), write(0, 2, "b", Some(true)), write(0, 1, "late", None)],
+        grants: vec![grant(0, 1, 0), grant(1, 2, 10)],
+        events: Vec::new(),
+    };
+    let entries = |values: &[(u64, &str)]| -> Logs {
+        [(0, values.iter().map(|(t, v)| (Some(*t), (*v).to_owned())).collect())].into()
+    };
+    assert_eq!(check(&good, &entries(&[(1, "a"), (2, "b")]), true), Vec::<String>::new());
+    let cases: [(&str, History, Logs); 6] = [
+        ("applied after", good.clone(), entries(&[(1, "a"), (2, "b"), (1, "late")])),
+        ("is missing", good.clone(), entries(&[(1, "a")])),
+        ("never written", good.clone(), entries(&[(1, "a"), (2, "b"), (2, "ghost")])),
+        ("applied twice", good.clone(), entries(&[(1, "a"), (1, "a"), (2, "b")])),
+        ("stored with token", good.clone(), entries(&[(1, "a"), (3, "b")])),
+        (
+            "granted twice",
+            History { grants: vec![grant(0, 1, 0), grant(1, 1, 10)], ..good.clone() },
+            entries(&[(1, "a"), (2, "b")]),
+        ),
+    ];
+    for (expected, history, logs) in cases {
+        let violations = check(&history, &logs, true);
+        assert!(violations.iter().any(|v| v.contains(expected)), "{expected}: {violations:?}");
+    }
+    let backwards = History { grants: vec![grant(0, 2, 0), grant(1, 1, 10)], ..good.clone() };
+    let violations = check(&backwards, &entries(&[(1, "a"), (2, "b")]), true);
+    assert!(violations.iter().any(|v| v.contains("completed before")), "{violations:?}");
+    let refused = History { writes: vec![write(0, 1, "a", Some(false))], ..good };
+    let violations = check(&refused, &entries(&[(1, "a")]), true);
+    assert!(violations.iter().any(|v| v.contains("though refused")), "{violations:?}");
 }

@@ -311,7 +311,7 @@ where
                                     let Some(pending) = slot.take() else { unreachable!("checked above") };
                                     let Pending { mut inner, request, token, key, shared, .. } = pending;
                                     tracing::debug!(
-                                        key,
+                                        key = ?key,
                                         token = token.get(),
                                         "fenced request admitted after waiting"
                                     );

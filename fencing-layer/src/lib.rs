@@ -39,6 +39,7 @@
 //! | no `Fencing-Token` header | 428 (or passes through with [`FencingLayer::allow_unfenced`]) |
 //! | header repeated, empty, or not a canonical decimal `u64` | 400 |
 //! | no resource key | 400 |
+//! | a new key longer than [`MarkStoreBuilder::max_key_bytes`] | 400 |
 //! | token < highest seen for the key | 409; the body names both tokens |
 //! | token == highest seen | admitted |
 //! | token > highest seen | the mark rises at once; admitted once no lower-token request for the key is inside the inner service |

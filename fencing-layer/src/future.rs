@@ -34,7 +34,6 @@ pin_project! {
 
 pin_project! {
     #[project = KindProj]
-    #[project_replace = KindReplace]
     enum Kind<S, B, E, R>
     where
         S: Service<Request<B>>,
@@ -46,15 +45,13 @@ pin_project! {
             guard: Option<InsideGuard>,
         },
         // Admitted under the cancel policy: dropped as soon as a higher token arrives.
-        // Field order matters: the inner future is dropped before the guard lets the
-        // next holder in.
+        // Field order matters: the inner future is dropped before the guard (in
+        // `watch`) lets the next holder in. Boxed, like the waiting state, so that
+        // the default policy's future stays the size of the inner one.
         Watched {
             #[pin]
             future: S::Future,
-            #[pin]
-            overtaken: OwnedNotified,
-            guard: InsideGuard,
-            watch: Watch<E, R>,
+            watch: Pin<Box<Watch<E, R>>>,
         },
         // Waiting for lower tokens to drain, or for the log to record a raise. Boxed,
         // so that the common case does not carry (and move) the waiting state around.
@@ -88,11 +85,16 @@ pin_project! {
     }
 }
 
-/// What a watched request needs to describe its own cancellation.
-struct Watch<E, R> {
-    key: String,
-    token: FencingToken,
-    shared: Arc<Shared<E, R>>,
+pin_project! {
+    /// What a watched request waits on, holds, and needs to describe its own cancellation.
+    struct Watch<E, R> {
+        #[pin]
+        overtaken: OwnedNotified,
+        guard: InsideGuard,
+        key: String,
+        token: FencingToken,
+        shared: Arc<Shared<E, R>>,
+    }
 }
 
 /// A request that is not inside yet, with the readied service that will take it.
@@ -188,9 +190,7 @@ where
         match guard.state().watch(token.get()) {
             Ok(overtaken) => Self::Watched {
                 future: inner.call(request),
-                overtaken,
-                guard,
-                watch: Watch { key, token, shared: Arc::clone(shared) },
+                watch: Box::pin(Watch { overtaken, guard, key, token, shared: Arc::clone(shared) }),
             },
             // Overtaken between admission and now: it never reached the inner service.
             Err(highest) => {
@@ -238,21 +238,21 @@ where
                     kind.set(Kind::Finished);
                     return Poll::Ready(output);
                 }
-                KindProj::Watched { future, mut overtaken, guard, watch } => {
-                    while overtaken.as_mut().poll(cx).is_ready() {
-                        match guard.state().watch(watch.token.get()) {
-                            Ok(next) => overtaken.set(next),
+                KindProj::Watched { future, watch } => {
+                    let mut watching = watch.as_mut().project();
+                    while watching.overtaken.as_mut().poll(cx).is_ready() {
+                        match watching.guard.state().watch(watching.token.get()) {
+                            Ok(next) => watching.overtaken.set(next),
                             Err(highest) => {
-                                let KindReplace::Watched { watch, .. } = kind.project_replace(Kind::Finished)
-                                else {
-                                    unreachable!("matched Watched above")
-                                };
                                 let rejection = Rejection::Cancelled {
-                                    key: watch.key,
-                                    presented: watch.token.get(),
+                                    key: std::mem::take(watching.key),
+                                    presented: watching.token.get(),
                                     highest,
                                 };
-                                return Poll::Ready(Ok(respond(&watch.shared.responder, rejection)));
+                                let response = respond(&watching.shared.responder, rejection);
+                                // Drops the inner future, then the guard.
+                                kind.set(Kind::Finished);
+                                return Poll::Ready(Ok(response));
                             }
                         }
                     }

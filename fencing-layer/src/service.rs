@@ -1,6 +1,7 @@
 //! [`Fencing`]: the middleware service. `call` is the fast path; anything that
 //! has to wait continues in the [`ResponseFuture`].
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -11,11 +12,11 @@ use tower_service::Service;
 
 use crate::future::ResponseFuture;
 use crate::key::{KeyExtractor, PathKey};
-use crate::layer::{FencingLayer, Shared};
+use crate::layer::{Config, FencingLayer, Shared};
 use crate::rejection::Rejection;
 use crate::respond::{ProblemJson, RejectionResponder};
 use crate::store::admission::Admission;
-use crate::store::{MarkStore, StoreError};
+use crate::store::{Found, MarkStore, StoreError};
 use crate::token::FencingToken;
 
 /// Middleware that refuses requests whose fencing token is lower than the
@@ -102,7 +103,7 @@ where
         if !config.is_fenced(request.method()) {
             return ResponseFuture::unfenced(self.inner.call(request));
         }
-        let token = match FencingToken::from_header_values(request.headers().get_all(&config.header)) {
+        let token = match FencingToken::from_headers(request.headers(), &config.header) {
             Ok(Some(token)) => token,
             Ok(None) if config.allow_unfenced => return ResponseFuture::unfenced(self.inner.call(request)),
             Ok(None) => return ResponseFuture::rejected(shared, Rejection::MissingToken),
@@ -111,8 +112,12 @@ where
         let Some(key) = shared.extractor.extract(&request) else {
             return ResponseFuture::rejected(shared, Rejection::MissingKey);
         };
-        let state = match config.store.key_state(&key) {
-            Ok(state) => state,
+        let state = match config.store.find(&key, token.get()) {
+            Ok(Found::Entered(guard)) => {
+                let key = admitted(config, key, token);
+                return ResponseFuture::enter(&mut self.inner, request, token, key, guard, shared);
+            }
+            Ok(Found::Slow(state)) => state,
             Err(StoreError::KeyTableFull { limit }) => {
                 return ResponseFuture::rejected(shared, Rejection::KeyTableFull { limit });
             }
@@ -127,8 +132,7 @@ where
         };
         match state.admit(&key, token.get(), config.store.is_durable()) {
             Admission::Enter(guard) => {
-                tracing::debug!(key = ?key, token = token.get(), "fenced request admitted");
-                let key = config.watches_in_flight().then(|| key.into_owned());
+                let key = admitted(config, key, token);
                 ResponseFuture::enter(&mut self.inner, request, token, key, guard, shared)
             }
             Admission::Stale { highest } => {
@@ -144,6 +148,12 @@ where
             }
         }
     }
+}
+
+/// Logs an admission; returns the key to keep when the cancel policy watches in-flight requests.
+fn admitted(config: &Config, key: Cow<'_, str>, token: FencingToken) -> Option<String> {
+    tracing::debug!(key = ?key, token = token.get(), "fenced request admitted");
+    config.watches_in_flight().then(|| key.into_owned())
 }
 
 /// The response for `rejection`: the responder's, plus `Retry-After` where it

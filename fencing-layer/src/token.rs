@@ -3,7 +3,11 @@
 use std::fmt;
 use std::str::FromStr;
 
-use http::header::{GetAll, HeaderValue};
+use http::header::{GetAll, HeaderMap, HeaderName, HeaderValue};
+
+/// Up to this many header values, [`FencingToken::from_headers`] compares names
+/// instead of hashing.
+const SCAN_AT_MOST: usize = 16;
 
 /// A fencing token: the strictly increasing number a lock service hands out with
 /// every grant.
@@ -74,6 +78,23 @@ impl FencingToken {
             return Err(TokenError::Repeated);
         }
         Self::parse_bytes(value.as_bytes()).map(Some)
+    }
+
+    /// Reads the token from the values of `name` in `headers`, as
+    /// [`from_header_values`](Self::from_header_values) does. A write request
+    /// carries a handful of headers, and comparing their names is cheaper than
+    /// hashing a custom name for the map's lookup; big maps are looked up.
+    pub(crate) fn from_headers(headers: &HeaderMap, name: &HeaderName) -> Result<Option<Self>, TokenError> {
+        if headers.len() > SCAN_AT_MOST {
+            return Self::from_header_values(headers.get_all(name));
+        }
+        let mut found = None;
+        for (header, value) in headers {
+            if header == name && found.replace(value).is_some() {
+                return Err(TokenError::Repeated);
+            }
+        }
+        found.map(|value| Self::parse_bytes(value.as_bytes())).transpose()
     }
 
     /// The token as a header value, for clients that send it.
@@ -194,6 +215,26 @@ mod tests {
         assert_eq!(FencingToken::from_header_values(headers.get_all("t")), Ok(Some(FencingToken(3))));
         headers.append("t", HeaderValue::from_static("3"));
         assert_eq!(FencingToken::from_header_values(headers.get_all("t")), Err(TokenError::Repeated));
+    }
+
+    proptest! {
+        #[test]
+        fn scanning_the_headers_agrees_with_the_map_lookup(
+            headers in proptest::collection::vec((0..6usize, proptest::sample::select(vec!["7", "07", "", "x", "9"])), 0..40)
+        ) {
+            // Few or many headers (either side of SCAN_AT_MOST), the token header
+            // among standard and custom names, absent, once or repeated.
+            let names = ["fencing-token", "content-type", "x-tenant", "host", "fencing-tokens", "accept"];
+            let mut map = HeaderMap::new();
+            for (name, value) in headers {
+                map.append(names[name], HeaderValue::from_static(value));
+            }
+            let name = HeaderName::from_static("fencing-token");
+            prop_assert_eq!(
+                FencingToken::from_headers(&map, &name),
+                FencingToken::from_header_values(map.get_all(&name))
+            );
+        }
     }
 
     proptest! {

@@ -1,7 +1,8 @@
 //! The admission rule, for one key, in one place.
 //!
-//! Every decision about a token happens in [`KeyState::admit`], under the key's
-//! mutex, and nothing awaits while that mutex is held. The state it guards:
+//! Every decision that can change what a key admits happens in
+//! [`KeyState::admit`], under the key's mutex, and nothing awaits while that
+//! mutex is held. The state it guards:
 //!
 //! - `mark`: the highest token seen. It rises the moment a higher token
 //!   arrives, so every later lower token is refused at once.
@@ -9,9 +10,16 @@
 //!   `mark` when there is no log). A token above it is never admitted.
 //! - `recording`: the highest token handed to the log writer, so that one
 //!   raise is written once however many requests carry it.
-//! - `inside` / `inside_count`: the token of the requests currently inside the
-//!   inner service, and how many there are. They all carry the same token:
-//!   a higher token waits until the count drains to zero, a lower one is stale.
+//! - `inside`: the token of the requests currently inside the inner service.
+//!   They all carry the same token: a higher token waits until they have all
+//!   left, a lower one is stale.
+//!
+//! How many are inside lives outside the mutex, in the atomic `gate` word,
+//! with two flags: `OPEN` (the mutex has declared `open_token` the current
+//! mark, recorded, and the token of those inside) and `WAITERS` (someone sleeps
+//! until the count drains). That lets the common request — the holder's
+//! current token, again — enter and leave with one atomic add each
+//! ([`KeyState::try_enter`]), and fall back to the mutex for anything else.
 //!
 //! Invariant 1 (monotonic admission) holds because a request enters only with
 //! `token == mark`, and `mark` never falls. Invariant 2 (no overlap across
@@ -19,14 +27,30 @@
 //! inside carry its own token. Invariant 3 (durable marks) holds because a
 //! request enters only when `token <= recorded`.
 //!
+//! Why the fast path keeps invariant 2: a raise clears `OPEN` with one
+//! read-modify-write on `gate` that also returns the count. A fast entrant adds
+//! itself to the count first and only then looks at `OPEN` and `open_token`.
+//! Both are read-modify-writes of one word, so one comes first: either the
+//! raise sees the entrant in the count and waits for it, or the entrant sees
+//! `OPEN` cleared (or reopened for the higher token) and backs out. Backing out
+//! is an ordinary leave, so a raise that counted it is woken all the same.
+//!
 //! Waiters sleep on a per-key [`Notify`], created the first time a key has to
 //! wait. It is woken whenever the outcome for a waiter may have changed: a raise,
-//! the last request leaving, a log write finishing.
+//! the last request leaving while `WAITERS` is set, a log write finishing.
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
+
+/// In `gate`: the fast path admits `open_token`. Set and cleared only under the mutex.
+const OPEN: u32 = 1 << 31;
+/// In `gate`: someone waits for the count to reach zero. Set and cleared only under the mutex.
+const WAITERS: u32 = 1 << 30;
+/// In `gate`: how many requests are inside (and fast entrants about to back out).
+const COUNT: u32 = WAITERS - 1;
 
 /// What a request with a given token may do now.
 pub(crate) enum Admission {
@@ -43,6 +67,8 @@ pub(crate) enum Admission {
 /// The mark and in-flight bookkeeping of one resource key.
 #[derive(Debug)]
 pub(crate) struct KeyState {
+    gate: AtomicU32,
+    open_token: AtomicU64,
     marks: Mutex<Marks>,
 }
 
@@ -52,7 +78,6 @@ struct Marks {
     recorded: u64,
     recording: u64,
     inside: u64,
-    inside_count: u32,
     wake: Option<Arc<Notify>>,
 }
 
@@ -73,14 +98,9 @@ impl KeyState {
     /// A key whose mark is `mark`, already durable (new keys start at 0).
     pub(crate) fn new(mark: u64) -> Self {
         Self {
-            marks: Mutex::new(Marks {
-                mark,
-                recorded: mark,
-                recording: mark,
-                inside: 0,
-                inside_count: 0,
-                wake: None,
-            }),
+            gate: AtomicU32::new(0),
+            open_token: AtomicU64::new(0),
+            marks: Mutex::new(Marks { mark, recorded: mark, recording: mark, inside: 0, wake: None }),
         }
     }
 
@@ -88,6 +108,22 @@ impl KeyState {
     // never turn into a panic on the request path.
     fn lock(&self) -> MutexGuard<'_, Marks> {
         self.marks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The fast path: enters without the mutex when `token` is the open token,
+    /// that is, the mark, already recorded, and the token of anyone inside.
+    /// `None` means "ask [`admit`](Self::admit)", never "refused".
+    pub(crate) fn try_enter(self: &Arc<Self>, token: u64) -> Option<InsideGuard> {
+        if self.open_token.load(Ordering::Acquire) != token {
+            return None;
+        }
+        // Count ourselves in first, then check; see the module docs for why.
+        let gate = self.gate.fetch_add(1, Ordering::AcqRel);
+        if gate & OPEN != 0 && self.open_token.load(Ordering::Acquire) == token {
+            return Some(InsideGuard(Arc::clone(self)));
+        }
+        self.leave();
+        None
     }
 
     /// Decides what a request carrying `token` may do. `durable` says whether a
@@ -108,7 +144,7 @@ impl KeyState {
             return Admission::Stale { highest: m.mark };
         }
         if token > m.mark {
-            m.mark = token;
+            self.raise(m, token);
             if !durable {
                 m.recorded = token;
                 m.recording = token;
@@ -125,19 +161,48 @@ impl KeyState {
             }
             return Admission::Wait(m.notified());
         }
-        if m.inside_count == 0 || m.inside == token {
-            m.inside = token;
-            m.inside_count += 1;
-            return Admission::Enter(InsideGuard(Arc::clone(self)));
+        let gate = self.gate.load(Ordering::Acquire);
+        if gate & COUNT == 0 || m.inside == token {
+            return self.enter_locked(m, token, gate);
+        }
+        // Lower tokens are inside: ask the last one out to wake us, unless it
+        // left in the meantime.
+        let gate = self.gate.fetch_or(WAITERS, Ordering::AcqRel);
+        if gate & COUNT == 0 {
+            return self.enter_locked(m, token, gate);
         }
         Admission::Wait(m.notified())
     }
 
-    /// A request admitted by [`admit`](Self::admit) has left the inner service.
+    /// Raises the mark, closing the fast path for the old one first.
+    fn raise(&self, m: &mut Marks, token: u64) {
+        self.gate.fetch_and(!OPEN, Ordering::AcqRel);
+        m.mark = token;
+    }
+
+    /// Lets `token` (the mark, recorded, and nobody else's inside) in, and opens
+    /// the fast path for it. `gate` is a recent value; `OPEN` in it is current,
+    /// because only the mutex holder changes that flag.
+    fn enter_locked(self: &Arc<Self>, m: &mut Marks, token: u64, gate: u32) -> Admission {
+        m.inside = token;
+        if gate & OPEN == 0 {
+            self.open_token.store(token, Ordering::Release);
+            self.gate.fetch_add(OPEN + 1, Ordering::AcqRel);
+        } else {
+            self.gate.fetch_add(1, Ordering::AcqRel);
+        }
+        Admission::Enter(InsideGuard(Arc::clone(self)))
+    }
+
+    /// A request admitted by [`admit`](Self::admit) or
+    /// [`try_enter`](Self::try_enter) has left the inner service (or a fast
+    /// entrant backs out).
     fn leave(&self) {
-        let mut m = self.lock();
-        m.inside_count -= 1;
-        if m.inside_count == 0 {
+        let gate = self.gate.fetch_sub(1, Ordering::AcqRel);
+        if gate & COUNT == 1 && gate & WAITERS != 0 {
+            let m = self.lock();
+            // Everyone registered is woken; whoever still has to wait sets it again.
+            self.gate.fetch_and(!WAITERS, Ordering::AcqRel);
             m.wake_waiters();
         }
     }
@@ -174,7 +239,7 @@ impl KeyState {
     pub(crate) fn seed(&self, token: u64) -> u64 {
         let mut m = self.lock();
         if token > m.mark {
-            m.mark = token;
+            self.raise(&mut m, token);
             m.wake_waiters();
         }
         m.recorded = m.recorded.max(token);
@@ -239,6 +304,49 @@ mod tests {
         state.recorded(5, true);
         assert!(matches!(state.admit("k", 5, true), Admission::Enter(_)));
         assert!(matches!(state.admit("k", 3, true), Admission::Stale { highest: 5 }));
+    }
+
+    /// Whether a wake-up has fired, without waiting for it.
+    fn fired(notified: OwnedNotified) -> bool {
+        use std::future::Future;
+        use std::task::{Context, Waker};
+        std::pin::pin!(notified).poll(&mut Context::from_waker(Waker::noop())).is_ready()
+    }
+
+    #[test]
+    fn the_fast_path_admits_only_the_open_token_and_a_raise_closes_it() {
+        let state = Arc::new(KeyState::new(0));
+        // Nothing is open until the mutex has admitted the token once.
+        assert!(state.try_enter(5).is_none());
+        let first = enter(&state, 5).unwrap();
+        let fast = state.try_enter(5).expect("the current token enters without the mutex");
+        assert!(state.try_enter(4).is_none());
+        assert!(state.try_enter(6).is_none());
+
+        // A raise closes it at once: the old token no longer gets in, not even fast.
+        let Admission::Wait(raise_waits) = state.admit("k", 6, false) else { panic!("5 is inside") };
+        assert!(state.try_enter(5).is_none());
+        assert!(matches!(state.admit("k", 5, false), Admission::Stale { highest: 6 }));
+        assert!(state.try_enter(6).is_none(), "6 must wait for 5 to drain");
+
+        // The last fast entrant out wakes the raise, which then enters and reopens for 6.
+        drop(first);
+        drop(fast);
+        assert!(fired(raise_waits));
+        let six = enter(&state, 6).unwrap();
+        assert!(state.try_enter(6).is_some());
+        drop(six);
+        assert_eq!(state.gate.load(Ordering::Acquire) & COUNT, 0, "every guard left");
+    }
+
+    #[test]
+    fn a_durable_raise_opens_the_fast_path_only_once_recorded() {
+        let state = Arc::new(KeyState::new(3));
+        assert!(matches!(state.admit("k", 5, true), Admission::Record));
+        assert!(state.try_enter(5).is_none());
+        state.recorded(5, true);
+        let _inside = enter(&state, 5).unwrap();
+        assert!(state.try_enter(5).is_some());
     }
 
     #[test]

@@ -37,7 +37,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tokio::sync::oneshot;
 
-use self::admission::KeyState;
+use self::admission::{InsideGuard, KeyState};
 pub use self::log::MarkLog;
 #[cfg(feature = "redb")]
 pub use self::redb::RedbMarkLog;
@@ -60,7 +60,8 @@ pub struct MarkStore {
 }
 
 struct Table {
-    keys: DashMap<Box<str>, Arc<KeyState>>,
+    // Randomly keyed per map: clients choose the keys (HashDoS).
+    keys: DashMap<Box<str>, Arc<KeyState>, ahash::RandomState>,
     len: AtomicUsize,
     limits: MarkStoreBuilder,
     durable: Option<Durable>,
@@ -155,8 +156,20 @@ impl MarkStore {
         Ok(state.seed(token))
     }
 
-    /// The state of `key`, created on first sight. The hit path takes a shard
-    /// read lock and allocates nothing; the guard is dropped before returning.
+    /// A place inside for `token` if the fast path admits it, else the key's
+    /// state for [`KeyState::admit`]. The hit path takes a shard read lock,
+    /// allocates nothing, and drops the guard before returning.
+    pub(crate) fn find(&self, key: &str, token: u64) -> Result<Found, StoreError> {
+        if let Some(state) = self.table.keys.get(key) {
+            return Ok(match state.try_enter(token) {
+                Some(guard) => Found::Entered(guard),
+                None => Found::Slow(Arc::clone(&state)),
+            });
+        }
+        self.key_state(key).map(Found::Slow)
+    }
+
+    /// The state of `key`, created on first sight.
     pub(crate) fn key_state(&self, key: &str) -> Result<Arc<KeyState>, StoreError> {
         if let Some(state) = self.table.keys.get(key) {
             return Ok(Arc::clone(&state));
@@ -196,6 +209,14 @@ impl MarkStore {
             }
         }
     }
+}
+
+/// What [`MarkStore::find`] found for a request.
+pub(crate) enum Found {
+    /// Admitted on the fast path.
+    Entered(InsideGuard),
+    /// Ask [`KeyState::admit`].
+    Slow(Arc<KeyState>),
 }
 
 impl Default for MarkStore {
@@ -281,7 +302,12 @@ impl MarkStoreBuilder {
 
     fn build(self, durable: Option<Durable>) -> MarkStore {
         MarkStore {
-            table: Arc::new(Table { keys: DashMap::new(), len: AtomicUsize::new(0), limits: self, durable }),
+            table: Arc::new(Table {
+                keys: DashMap::default(),
+                len: AtomicUsize::new(0),
+                limits: self,
+                durable,
+            }),
         }
     }
 }

@@ -8,6 +8,7 @@ use http::{HeaderName, Method};
 use tower_layer::Layer;
 
 use crate::key::PathKey;
+use crate::methods::MethodSet;
 use crate::respond::ProblemJson;
 use crate::service::Fencing;
 use crate::store::MarkStore;
@@ -55,7 +56,7 @@ pub(crate) struct Shared<E, R> {
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
     pub(crate) header: HeaderName,
-    pub(crate) unfenced_methods: Vec<Method>,
+    pub(crate) unfenced_methods: MethodSet,
     pub(crate) allow_unfenced: bool,
     pub(crate) drain_timeout: Duration,
     pub(crate) retry_after: Duration,
@@ -81,7 +82,9 @@ impl FencingLayer {
     pub fn new() -> Self {
         let config = Config {
             header: FENCING_TOKEN,
-            unfenced_methods: vec![Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE],
+            unfenced_methods: [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE]
+                .into_iter()
+                .collect(),
             allow_unfenced: false,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             retry_after: Duration::from_secs(1),

@@ -149,6 +149,7 @@ mod axum;
 mod future;
 mod key;
 mod layer;
+mod methods;
 mod rejection;
 mod respond;
 mod service;

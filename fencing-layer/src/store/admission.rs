@@ -34,6 +34,11 @@
 //! raise sees the entrant in the count and waits for it, or the entrant sees
 //! `OPEN` cleared (or reopened for the higher token) and backs out. Backing out
 //! is an ordinary leave, so a raise that counted it is woken all the same.
+//! So the count may include entrants about to back out, and `inside` is the
+//! token last admitted, which may be stale once the count is zero: a decision
+//! only ever waits longer because of either. `open_token` only rises (it is set
+//! to the mark, which only rises), so an entrant that read its own token twice
+//! around its add cannot have been fooled by a close and a reopen (no ABA).
 //!
 //! Waiters sleep on a per-key [`Notify`], created the first time a key has to
 //! wait. It is woken whenever the outcome for a waiter may have changed: a raise,
@@ -119,6 +124,7 @@ impl KeyState {
         }
         // Count ourselves in first, then check; see the module docs for why.
         let gate = self.gate.fetch_add(1, Ordering::AcqRel);
+        debug_assert!(gate & COUNT < COUNT, "more than 2^30 requests inside one key");
         if gate & OPEN != 0 && self.open_token.load(Ordering::Acquire) == token {
             return Some(InsideGuard(Arc::clone(self)));
         }

@@ -38,6 +38,7 @@
 //! ```
 
 mod http;
+mod shutdown;
 mod store;
 
 use std::collections::HashMap;
@@ -53,6 +54,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+pub use shutdown::shutdown_signal;
 use store::{Store, StoreError};
 
 /// Longest accepted lock name or holder, in bytes (UTF-8).

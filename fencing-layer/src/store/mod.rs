@@ -166,7 +166,7 @@ impl MarkStore {
                 None => Found::Slow(Arc::clone(&state)),
             });
         }
-        self.key_state(key).map(Found::Slow)
+        self.insert(key).map(Found::Slow)
     }
 
     /// The state of `key`, created on first sight.
@@ -174,6 +174,12 @@ impl MarkStore {
         if let Some(state) = self.table.keys.get(key) {
             return Ok(Arc::clone(&state));
         }
+        self.insert(key)
+    }
+
+    /// The miss path: the state of a key not found a moment ago (another
+    /// request may have created it since), within the table's limits.
+    fn insert(&self, key: &str) -> Result<Arc<KeyState>, StoreError> {
         let max_key_bytes = self.table.limits.max_key_bytes;
         if key.len() > max_key_bytes {
             return Err(StoreError::KeyTooLong { limit: max_key_bytes });

@@ -4,10 +4,11 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
+use crate::store::sync::OwnedNotified;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::sync::futures::OwnedNotified;
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 use tower_service::Service;
@@ -17,7 +18,7 @@ use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
 use crate::service::respond;
 use crate::store::StoreError;
-use crate::store::admission::{Admission, InsideGuard, KeyState};
+use crate::store::admission::{Admission, InsideGuard, KeyState, RecordDuty, WaitFor};
 use crate::token::FencingToken;
 use tokio::time::Instant;
 
@@ -67,6 +68,8 @@ pin_project! {
 
 pin_project! {
     /// A request that is not inside yet: what it waits for, its bound, and itself.
+    /// The bound is the write bound while a raise is being recorded (by this
+    /// request or another), and the drain bound from then on.
     struct Waiting<S, B, E, R> {
         #[pin]
         wake: Wake,
@@ -80,9 +83,27 @@ pin_project! {
 pin_project! {
     #[project = WakeProj]
     enum Wake {
-        Notified { #[pin] notified: OwnedNotified },
+        Notified { #[pin] notified: OwnedNotified, waiting_for: WaitFor },
         Recorded { reply: oneshot::Receiver<Result<(), StoreError>> },
     }
+}
+
+impl Wake {
+    /// Which bound applies while waiting for this.
+    fn bound(&self) -> WaitFor {
+        match self {
+            Self::Notified { waiting_for, .. } => *waiting_for,
+            Self::Recorded { .. } => WaitFor::Write,
+        }
+    }
+}
+
+/// `bound` from now. Any `Duration`, up to `Duration::MAX`, is a valid bound:
+/// past what `Instant` can hold it means "as good as never", as with tokio's `sleep`.
+fn deadline_after(bound: Duration) -> Instant {
+    const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
+    let now = Instant::now();
+    now.checked_add(bound).unwrap_or_else(|| now + FAR_FUTURE)
 }
 
 pin_project! {
@@ -144,14 +165,14 @@ where
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
         let pending = Pending { inner, request, token, key, state, shared: Arc::clone(shared) };
-        let (wake, bound) = match admission {
-            Admission::Wait(notified) => (Wake::Notified { notified }, shared.config.drain_timeout),
-            Admission::Record => (pending.record(), shared.config.store.write_timeout()),
+        let wake = match admission {
+            Admission::Wait(notified, waiting_for) => Wake::Notified { notified, waiting_for },
+            Admission::Record(duty) => pending.record(duty),
             Admission::Enter(_) | Admission::Stale { .. } => {
                 unreachable!("enter and stale are answered in `call`")
             }
         };
-        let deadline = tokio::time::sleep(bound);
+        let deadline = tokio::time::sleep_until(deadline_after(shared.config.bound(wake.bound())));
         let waiting = Box::pin(Waiting { wake, deadline, pending: Some(pending) });
         Self::from(Kind::Admitting { waiting })
     }
@@ -202,9 +223,8 @@ where
 }
 
 impl<S, B, E, R> Pending<S, B, E, R> {
-    fn record(&self) -> Wake {
-        let reply = self.shared.config.store.record(&self.key, self.token.get(), &self.state);
-        Wake::Recorded { reply }
+    fn record(&self, duty: RecordDuty) -> Wake {
+        Wake::Recorded { reply: self.shared.config.store.record(&self.key, duty) }
     }
 
     fn stale(&self, highest: u64) -> Rejection {
@@ -264,27 +284,25 @@ where
                     let waiting = waiting.as_mut().project();
                     let (mut wake, deadline, slot) = (waiting.wake, waiting.deadline, waiting.pending);
                     let Some(pending) = slot.as_ref() else { unreachable!("taken only on entering") };
-                    // The write has its own bound; the drain's starts once the raise is recorded.
-                    let (woken, writing) = match wake.as_mut().project() {
-                        WakeProj::Notified { notified } => (notified.poll(cx).map(Ok), false),
+                    let waited_for = wake.bound();
+                    let woken = match wake.as_mut().project() {
+                        WakeProj::Notified { notified, .. } => notified.poll(cx).map(Ok),
                         WakeProj::Recorded { reply } => {
-                            let reply = Pin::new(reply).poll(cx);
-                            (reply.map(|reply| reply.unwrap_or(Err(StoreError::Closed))), true)
+                            Pin::new(reply).poll(cx).map(|reply| reply.unwrap_or(Err(StoreError::Closed)))
                         }
                     };
                     let config = &pending.shared.config;
                     let rejection = match woken {
                         Poll::Pending => {
                             ready!(deadline.poll(cx));
-                            if writing {
-                                let error = StoreError::Timeout(config.store.write_timeout());
-                                pending.store_unavailable(error)
-                            } else {
-                                Rejection::DrainTimeout {
+                            match waited_for {
+                                WaitFor::Write => pending
+                                    .store_unavailable(StoreError::Timeout(config.store.write_timeout())),
+                                WaitFor::Drain => Rejection::DrainTimeout {
                                     key: pending.key.clone(),
                                     presented: pending.token.get(),
                                     retry_after: config.retry_after,
-                                }
+                                },
                             }
                         }
                         Poll::Ready(Err(error)) => match pending.state.mark() {
@@ -295,16 +313,19 @@ where
                         Poll::Ready(Ok(())) => {
                             let durable = config.store.is_durable();
                             match pending.state.admit(&pending.key, pending.token.get(), durable) {
-                                Admission::Wait(notified) => {
-                                    if writing {
-                                        deadline.reset(Instant::now() + config.drain_timeout);
+                                Admission::Wait(notified, waiting_for) => {
+                                    // A new bound when the wait changes kind (the write is
+                                    // done, the drain begins); the same bound otherwise.
+                                    if waiting_for != waited_for {
+                                        deadline.reset(deadline_after(config.bound(waiting_for)));
                                     }
-                                    wake.set(Wake::Notified { notified });
+                                    wake.set(Wake::Notified { notified, waiting_for });
                                     continue;
                                 }
-                                Admission::Record => {
-                                    deadline.reset(Instant::now() + config.store.write_timeout());
-                                    wake.set(pending.record());
+                                Admission::Record(duty) => {
+                                    // The previous write failed: this request writes, with its own bound.
+                                    deadline.reset(deadline_after(config.store.write_timeout()));
+                                    wake.set(pending.record(duty));
                                     continue;
                                 }
                                 Admission::Enter(guard) => {

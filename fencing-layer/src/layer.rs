@@ -12,6 +12,7 @@ use crate::methods::MethodSet;
 use crate::respond::ProblemJson;
 use crate::service::Fencing;
 use crate::store::MarkStore;
+use crate::store::admission::WaitFor;
 
 /// The header that carries the token unless configured otherwise: `Fencing-Token`.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
@@ -67,6 +68,14 @@ pub(crate) struct Config {
 impl Config {
     pub(crate) fn is_fenced(&self, method: &Method) -> bool {
         !self.unfenced_methods.contains(method)
+    }
+
+    /// How long a request may wait for `what`.
+    pub(crate) fn bound(&self, what: WaitFor) -> Duration {
+        match what {
+            WaitFor::Drain => self.drain_timeout,
+            WaitFor::Write => self.store.write_timeout(),
+        }
     }
 
     /// Whether admitted requests watch for a higher token (the cancel policy).
@@ -141,6 +150,8 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
 
     /// How long a higher token waits for lower-token requests to leave the
     /// inner service before it gets 503 (default [`DEFAULT_DRAIN_TIMEOUT`]).
+    /// With a durable store it starts once the raise is recorded. Any duration
+    /// up to `Duration::MAX` is valid.
     pub fn drain_timeout(self, timeout: Duration) -> Self {
         self.with(|s| s.drain_timeout = timeout)
     }

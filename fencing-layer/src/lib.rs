@@ -45,7 +45,7 @@
 //! | token > highest seen | the mark rises at once; admitted once no lower-token request for the key is inside the inner service |
 //! | that drain outlasts [`FencingLayer::drain_timeout`] | 503 with `Retry-After`; the mark stays raised |
 //! | a new key while the key table is full | 503; marks are never evicted |
-//! | the durable log cannot record a raise | 503; nothing admitted |
+//! | the durable log cannot record a raise within [`MarkStoreBuilder::write_timeout`] (the drain bound starts after it) | 503; nothing admitted |
 //!
 //! Rejections are [RFC 9457] `application/problem+json` responses
 //! ([`ProblemJson`]), replaceable through [`FencingLayer::on_rejection`]; the

@@ -48,8 +48,7 @@ pub enum Rejection {
         highest: u64,
     },
     /// Lower-token requests were still inside the inner service when the drain
-    /// bound ran out, or another request's write of this raise had not finished
-    /// (503). The mark stays raised; retry after `retry_after`.
+    /// bound ran out (503). The mark stays raised; retry after `retry_after`.
     DrainTimeout {
         /// The resource key.
         key: String,
@@ -64,7 +63,8 @@ pub enum Rejection {
         /// The table's capacity.
         limit: usize,
     },
-    /// The durable store could not record a raise (503); nothing was admitted.
+    /// The durable store could not record a raise (503), or did not confirm it
+    /// within the write bound, whichever request was writing it; nothing was admitted.
     StoreUnavailable {
         /// The resource key.
         key: String,

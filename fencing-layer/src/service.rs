@@ -142,6 +142,8 @@ where
             admission => {
                 let key = key.into_owned();
                 // Take the service that `poll_ready` readied; leave a clone for the next call.
+                // If `clone` panics, unwinding drops `admission`, and with it any record
+                // duty, which hands the duty back: the token is not stranded.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 ResponseFuture::admitting(admission, inner, request, token, key, state, shared)

@@ -8,8 +8,8 @@
 //!   arrives, so every later lower token is refused at once.
 //! - `recorded`: the highest mark the durable log has confirmed (equal to
 //!   `mark` when there is no log). A token above it is never admitted.
-//! - `recording`: the highest token handed to the log writer, so that one
-//!   raise is written once however many requests carry it.
+//! - `recording`: the highest token some request has the duty to record, so
+//!   that one raise is written once however many requests carry it.
 //! - `inside`: the token of the requests currently inside the inner service.
 //!   They all carry the same token: a higher token waits until they have all
 //!   left, a lower one is stale.
@@ -42,13 +42,21 @@
 //!
 //! Waiters sleep on a per-key [`Notify`], created the first time a key has to
 //! wait. It is woken whenever the outcome for a waiter may have changed: a raise,
-//! the last request leaving while `WAITERS` is set, a log write finishing.
+//! the last request leaving while `WAITERS` is set, a log write finishing or
+//! failing, a seed making a pending token durable.
+//!
+//! Liveness (invariant 6) rests on one rule: the request told to record a
+//! raise holds a [`RecordDuty`], and the duty reports when it is dropped —
+//! success only if the log confirmed the write, a hand-back otherwise (an
+//! error, a panic, a dropped future, a writer thread that died). A hand-back
+//! resets `recording` and wakes the waiters, and the next request with the
+//! token writes. So every token above `recorded` has exactly one live duty or
+//! none, never a promise that nobody will keep. `store/loom_model.rs` checks
+//! all of this under every interleaving of a few threads.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, PoisonError};
 
-use tokio::sync::Notify;
-use tokio::sync::futures::OwnedNotified;
+use super::sync::{AtomicU32, AtomicU64, Mutex, MutexGuard, Notify, Ordering, OwnedNotified};
 
 /// In `gate`: the fast path admits `open_token`. Set and cleared only under the mutex.
 const OPEN: u32 = 1 << 31;
@@ -63,10 +71,20 @@ pub(crate) enum Admission {
     Enter(InsideGuard),
     /// Refuse: the token is below the mark.
     Stale { highest: u64 },
-    /// Wait for the notification, then ask again.
-    Wait(OwnedNotified),
-    /// Write the raise to the durable log, then ask again.
-    Record,
+    /// Wait for the notification, then ask again; what for says which bound applies.
+    Wait(OwnedNotified, WaitFor),
+    /// Write the raise to the durable log (the duty is this request's alone),
+    /// then ask again.
+    Record(RecordDuty),
+}
+
+/// What a waiting request waits for, and so which bound applies to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WaitFor {
+    /// Lower-token requests still inside: the drain bound.
+    Drain,
+    /// Another request's durable write of this raise: the write bound.
+    Write,
 }
 
 /// The mark and in-flight bookkeeping of one resource key.
@@ -163,9 +181,9 @@ impl KeyState {
         if token > m.recorded {
             if token > m.recording {
                 m.recording = token;
-                return Admission::Record;
+                return Admission::Record(RecordDuty { state: Arc::clone(self), token, ok: false });
             }
-            return Admission::Wait(m.notified());
+            return Admission::Wait(m.notified(), WaitFor::Write);
         }
         let gate = self.gate.load(Ordering::Acquire);
         if gate & COUNT == 0 || m.inside == token {
@@ -177,7 +195,7 @@ impl KeyState {
         if gate & COUNT == 0 {
             return self.enter_locked(m, token, gate);
         }
-        Admission::Wait(m.notified())
+        Admission::Wait(m.notified(), WaitFor::Drain)
     }
 
     /// Raises the mark, closing the fast path for the old one first.
@@ -213,8 +231,8 @@ impl KeyState {
         }
     }
 
-    /// The log writer finished recording `token`.
-    pub(crate) fn recorded(&self, token: u64, ok: bool) {
+    /// A [`RecordDuty`] for `token` is discharged: written if `ok`, else handed back.
+    fn recorded(&self, token: u64, ok: bool) {
         let mut m = self.lock();
         if ok {
             m.recorded = m.recorded.max(token);
@@ -246,11 +264,47 @@ impl KeyState {
         let mut m = self.lock();
         if token > m.mark {
             self.raise(&mut m, token);
+        }
+        if token > m.recorded {
+            m.recorded = token;
+            m.recording = m.recording.max(token);
+            // A raise, or a pending one made durable: either way waiters may go on.
             m.wake_waiters();
         }
-        m.recorded = m.recorded.max(token);
-        m.recording = m.recording.max(token);
         m.mark
+    }
+}
+
+/// The duty to make one raise durable, given to exactly one request by
+/// [`KeyState::admit`]; every other request with that token waits for it.
+///
+/// Dropping it reports the outcome: a success only after
+/// [`succeeded`](Self::succeeded), anything else — an error, a panic, a
+/// dropped future, a writer that went away — hands the duty back, and the next
+/// request with the token writes. So no token is ever left with a write that
+/// nobody will make.
+#[derive(Debug)]
+pub(crate) struct RecordDuty {
+    state: Arc<KeyState>,
+    token: u64,
+    ok: bool,
+}
+
+impl RecordDuty {
+    /// The token to record.
+    pub(crate) fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// The raise is durable; reported when this is dropped.
+    pub(crate) fn succeeded(&mut self) {
+        self.ok = true;
+    }
+}
+
+impl Drop for RecordDuty {
+    fn drop(&mut self) {
+        self.state.recorded(self.token, self.ok);
     }
 }
 
@@ -272,7 +326,7 @@ impl Drop for InsideGuard {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -289,27 +343,67 @@ mod tests {
         let state = Arc::new(KeyState::new(0));
         let first = enter(&state, 1).unwrap();
         let second = enter(&state, 1).unwrap();
-        assert!(matches!(state.admit("k", 2, false), Admission::Wait(_)));
+        assert!(matches!(state.admit("k", 2, false), Admission::Wait(_, WaitFor::Drain)));
         // The raise already happened: token 1 is stale now, even though it is inside.
         assert!(matches!(state.admit("k", 1, false), Admission::Stale { highest: 2 }));
         drop(first);
-        assert!(matches!(state.admit("k", 2, false), Admission::Wait(_)));
+        assert!(matches!(state.admit("k", 2, false), Admission::Wait(_, WaitFor::Drain)));
         drop(second);
         assert!(enter(&state, 2).is_some());
         assert_eq!(state.mark(), 2);
     }
 
+    fn duty(admission: Admission) -> RecordDuty {
+        match admission {
+            Admission::Record(duty) => duty,
+            _ => panic!("expected the duty to record"),
+        }
+    }
+
     #[test]
     fn a_durable_raise_is_recorded_once_before_anyone_enters() {
         let state = Arc::new(KeyState::new(3));
-        assert!(matches!(state.admit("k", 5, true), Admission::Record));
-        assert!(matches!(state.admit("k", 5, true), Admission::Wait(_)));
-        state.recorded(5, false);
-        // The failed write is retried by the next request, not skipped.
-        assert!(matches!(state.admit("k", 5, true), Admission::Record));
-        state.recorded(5, true);
+        let first = duty(state.admit("k", 5, true));
+        assert_eq!(first.token(), 5);
+        let Admission::Wait(woken, WaitFor::Write) = state.admit("k", 5, true) else {
+            panic!("5 is being written")
+        };
+        drop(first);
+        // The failed write wakes the waiters, and the next request retries it.
+        assert!(fired(woken));
+        let mut second = duty(state.admit("k", 5, true));
+        let Admission::Wait(woken, WaitFor::Write) = state.admit("k", 5, true) else {
+            panic!("5 is being written")
+        };
+        second.succeeded();
+        drop(second);
+        assert!(fired(woken));
         assert!(matches!(state.admit("k", 5, true), Admission::Enter(_)));
         assert!(matches!(state.admit("k", 3, true), Admission::Stale { highest: 5 }));
+    }
+
+    #[test]
+    fn a_duty_dropped_in_a_panic_is_handed_back() {
+        let state = Arc::new(KeyState::new(0));
+        let admission = state.admit("k", 7, true);
+        let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _admission = admission;
+            panic!("the request panicked before submitting its write");
+        }));
+        assert!(unwound.is_err());
+        assert_eq!(duty(state.admit("k", 7, true)).token(), 7, "the token was stranded");
+    }
+
+    #[test]
+    fn seeding_a_pending_token_wakes_its_waiters() {
+        let state = Arc::new(KeyState::new(0));
+        let _writing = duty(state.admit("k", 4, true));
+        let Admission::Wait(woken, WaitFor::Write) = state.admit("k", 4, true) else {
+            panic!("4 is being written")
+        };
+        assert_eq!(state.seed(4), 4, "the mark was already 4");
+        assert!(fired(woken), "the waiter sleeps although 4 is durable");
+        assert!(matches!(state.admit("k", 4, true), Admission::Enter(_)));
     }
 
     /// Whether a wake-up has fired, without waiting for it.
@@ -330,7 +424,9 @@ mod tests {
         assert!(state.try_enter(6).is_none());
 
         // A raise closes it at once: the old token no longer gets in, not even fast.
-        let Admission::Wait(raise_waits) = state.admit("k", 6, false) else { panic!("5 is inside") };
+        let Admission::Wait(raise_waits, WaitFor::Drain) = state.admit("k", 6, false) else {
+            panic!("5 is inside")
+        };
         assert!(state.try_enter(5).is_none());
         assert!(matches!(state.admit("k", 5, false), Admission::Stale { highest: 6 }));
         assert!(state.try_enter(6).is_none(), "6 must wait for 5 to drain");
@@ -348,9 +444,10 @@ mod tests {
     #[test]
     fn a_durable_raise_opens_the_fast_path_only_once_recorded() {
         let state = Arc::new(KeyState::new(3));
-        assert!(matches!(state.admit("k", 5, true), Admission::Record));
+        let mut writing = duty(state.admit("k", 5, true));
         assert!(state.try_enter(5).is_none());
-        state.recorded(5, true);
+        writing.succeeded();
+        drop(writing);
         let _inside = enter(&state, 5).unwrap();
         assert!(state.try_enter(5).is_some());
     }
@@ -360,7 +457,7 @@ mod tests {
         let state = Arc::new(KeyState::new(0));
         let _inside = enter(&state, 4).unwrap();
         assert!(state.watch(4).is_ok());
-        assert!(matches!(state.admit("k", 9, false), Admission::Wait(_)));
+        assert!(matches!(state.admit("k", 9, false), Admission::Wait(_, WaitFor::Drain)));
         assert_eq!(state.watch(4).err(), Some(9));
     }
 }

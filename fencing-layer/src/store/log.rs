@@ -12,7 +12,7 @@ use std::thread::JoinHandle;
 use tokio::sync::oneshot;
 
 use super::StoreError;
-use super::admission::KeyState;
+use super::admission::RecordDuty;
 
 /// Where durable marks live: any storage that can make a batch of raises
 /// durable before returning.
@@ -41,10 +41,11 @@ pub trait MarkLog: Send + Sync + 'static {
 /// At most this many raises go into one write.
 const MAX_BATCH: usize = 1024;
 
+// A job dropped unwritten (the writer gone, or dying mid-batch) hands its duty
+// back and closes its reply: the request sees `Closed`, the next one retries.
 struct Job {
     key: Box<str>,
-    token: u64,
-    state: Arc<KeyState>,
+    duty: RecordDuty,
     reply: oneshot::Sender<Result<(), StoreError>>,
 }
 
@@ -65,18 +66,13 @@ impl Writer {
         Ok(Self { jobs: Some(jobs), thread: Some(thread) })
     }
 
-    /// Queues `token` for `key`; the receiver answers once it is durable.
-    pub(super) fn submit(
-        &self,
-        key: &str,
-        token: u64,
-        state: Arc<KeyState>,
-    ) -> oneshot::Receiver<Result<(), StoreError>> {
+    /// Queues the duty's raise for `key`; the receiver answers once it is durable.
+    pub(super) fn submit(&self, key: &str, duty: RecordDuty) -> oneshot::Receiver<Result<(), StoreError>> {
         let (reply, answer) = oneshot::channel();
-        let job = Job { key: key.into(), token, state, reply };
-        if let Some(Err(mpsc::SendError(job))) = self.jobs.as_ref().map(|jobs| jobs.send(job)) {
-            job.state.recorded(job.token, false);
-            let _ = job.reply.send(Err(StoreError::Closed));
+        let job = Job { key: key.into(), duty, reply };
+        if let Some(jobs) = &self.jobs {
+            // On failure the job comes back and is dropped: duty handed back, reply closed.
+            let _ = jobs.send(job);
         }
         answer
     }
@@ -101,7 +97,7 @@ fn run(log: &dyn MarkLog, queue: &mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
-        let raises: Vec<(&str, u64)> = batch.iter().map(|job| (&*job.key, job.token)).collect();
+        let raises: Vec<(&str, u64)> = batch.iter().map(|job| (&*job.key, job.duty.token())).collect();
         // A panicking log must not strand the batch: its requests would wait forever.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| log.record(&raises)))
             .unwrap_or_else(|_| Err(StoreError::log(std::io::Error::other("the mark log panicked"))));
@@ -109,8 +105,12 @@ fn run(log: &dyn MarkLog, queue: &mpsc::Receiver<Job>) {
             tracing::error!(%error, raises = raises.len(), "recording fencing marks failed");
         }
         drop(raises);
-        for job in batch {
-            job.state.recorded(job.token, result.is_ok());
+        for mut job in batch {
+            if result.is_ok() {
+                job.duty.succeeded();
+            }
+            // Discharge the duty before answering, so the request finds it done.
+            drop(job.duty);
             // The request may have gone away (client disconnect); the mark is recorded anyway.
             let _ = job.reply.send(result.clone());
         }

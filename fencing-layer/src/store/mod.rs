@@ -25,8 +25,11 @@
 
 pub(crate) mod admission;
 mod log;
+#[cfg(all(test, loom))]
+mod loom_model;
 #[cfg(feature = "redb")]
 mod redb;
+pub(crate) mod sync;
 
 use std::fmt;
 use std::sync::Arc;
@@ -37,7 +40,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tokio::sync::oneshot;
 
-use self::admission::{InsideGuard, KeyState};
+use self::admission::{InsideGuard, KeyState, RecordDuty};
 pub use self::log::MarkLog;
 #[cfg(feature = "redb")]
 pub use self::redb::RedbMarkLog;
@@ -197,23 +200,21 @@ impl MarkStore {
         }
     }
 
-    /// Hands a raise to the log writer; `None` when the store is in memory.
+    /// Hands a raise to the log writer.
     pub(crate) fn record(
         &self,
         key: &str,
-        token: u64,
-        state: &Arc<KeyState>,
+        mut duty: RecordDuty,
     ) -> oneshot::Receiver<Result<(), StoreError>> {
-        match &self.table.durable {
-            Some(durable) => durable.writer.submit(key, token, Arc::clone(state)),
-            None => {
-                // Unreachable in practice: admission asks to record only for durable stores.
-                state.recorded(token, true);
-                let (reply, answer) = oneshot::channel();
-                let _ = reply.send(Ok(()));
-                answer
-            }
+        if let Some(durable) = &self.table.durable {
+            return durable.writer.submit(key, duty);
         }
+        // Unreachable in practice: admission asks to record only for durable stores.
+        duty.succeeded();
+        drop(duty);
+        let (reply, answer) = oneshot::channel();
+        let _ = reply.send(Ok(()));
+        answer
     }
 }
 
@@ -265,8 +266,10 @@ impl MarkStoreBuilder {
         self
     }
 
-    /// How long a raising request waits for the durable log before it gets 503
-    /// (default [`DEFAULT_WRITE_TIMEOUT`]). The drain bound starts after the write.
+    /// How long a raise waits for the durable log before it gets 503 (default
+    /// [`DEFAULT_WRITE_TIMEOUT`]): the request writing it, and every request with
+    /// the same token waiting for that write. The drain bound starts after the
+    /// write. Any duration up to `Duration::MAX` is valid.
     pub fn write_timeout(mut self, write_timeout: Duration) -> Self {
         self.write_timeout = write_timeout;
         self

@@ -129,6 +129,20 @@ async fn an_unbounded_drain_timeout_after_a_durable_write_does_not_panic() {
 }
 
 #[tokio::test]
+async fn an_unbounded_retry_after_is_sent_as_the_largest_number_of_seconds() {
+    let probe = Probe::default();
+    let router = probe.router(FencingLayer::new().drain_timeout(Duration::ZERO).retry_after(Duration::MAX));
+    probe.hold(1);
+    let one = spawn_post(&router, 1, 1);
+    probe.wait_for(Event::Enter(1, 1)).await;
+    let two = post_token(&router, 1, 2).await;
+    assert_eq!(two.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(two.headers["retry-after"], u64::MAX.to_string());
+    probe.release(1);
+    assert_eq!(one.await.unwrap().status, StatusCode::OK);
+}
+
+#[tokio::test]
 async fn waiting_on_another_requests_write_is_bounded_by_the_write_bound() {
     let log = ScriptedLog::default();
     log.then(Step::Delay(Duration::from_millis(200)));

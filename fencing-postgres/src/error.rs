@@ -1,0 +1,144 @@
+//! Why a fenced transaction cannot go on, and which of those a retry may cure.
+
+use std::fmt;
+use std::io;
+
+use deadpool_postgres::PoolError;
+use fencing_layer::Rejection;
+use tokio_postgres::error::SqlState;
+
+/// Why [`PgFence::fence`](crate::PgFence::fence) (or the handler's transaction
+/// around it) failed. Every variant means: roll back, write nothing.
+///
+/// `From<tokio_postgres::Error>` and `From<PoolError>` sort driver errors into
+/// the variants below, so a handler can use `?` on its own statements too.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum FenceError {
+    /// The token is lower than the key's mark (409, the layer's body).
+    Stale {
+        /// The resource key.
+        key: String,
+        /// The token the request carried.
+        presented: u64,
+        /// The key's mark: the highest token fenced for it.
+        highest: u64,
+    },
+    /// The key is longer than [`MAX_KEY_BYTES`](crate::MAX_KEY_BYTES) (400, the layer's body).
+    KeyTooLong {
+        /// The longest key taken, in bytes.
+        limit: usize,
+    },
+    /// The key holds a NUL character, which PostgreSQL text cannot store (400).
+    KeyHasNul,
+    /// A concurrent transaction got in the way: a serialization failure (40001,
+    /// under REPEATABLE READ or SERIALIZABLE), a deadlock (40P01), or the
+    /// transaction's `lock_timeout` (55P03). Roll back and run the whole
+    /// transaction again (503 with `Retry-After`).
+    Retry(tokio_postgres::Error),
+    /// The connection is lost or was refused, or the server is shutting down
+    /// (503 with `Retry-After`). The server rolls back what was in flight.
+    Unavailable(tokio_postgres::Error),
+    /// The pool gave no connection: none was free in time (the pool is
+    /// exhausted), or a new one could not be opened (503 with `Retry-After`).
+    Pool(PoolError),
+    /// Any other database error, such as a mistake in the handler's SQL (500).
+    Database(tokio_postgres::Error),
+}
+
+impl FenceError {
+    /// The layer's rejection for the same refusal, so it can be answered with
+    /// the same body ([`fencing_layer::ProblemJson::body`]). `None` for
+    /// database failures, which the layer has no equivalent of.
+    #[must_use]
+    pub fn rejection(&self) -> Option<Rejection> {
+        match self {
+            Self::Stale { key, presented, highest } => {
+                Some(Rejection::Stale { key: key.clone(), presented: *presented, highest: *highest })
+            }
+            Self::KeyTooLong { limit } => Some(Rejection::KeyTooLong { limit: *limit }),
+            _ => None,
+        }
+    }
+
+    /// Whether running the same transaction again later may succeed: a
+    /// conflict, a lost or refused connection, an exhausted pool.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Retry(_) | Self::Unavailable(_) => true,
+            Self::Pool(error) => pool_unavailable(error),
+            _ => false,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for FenceError {
+    fn from(error: tokio_postgres::Error) -> Self {
+        let code = error.code();
+        if code.is_some_and(|code| {
+            [
+                SqlState::T_R_SERIALIZATION_FAILURE,
+                SqlState::T_R_DEADLOCK_DETECTED,
+                SqlState::LOCK_NOT_AVAILABLE,
+            ]
+            .contains(code)
+        }) {
+            Self::Retry(error)
+        } else if unavailable(&error) {
+            Self::Unavailable(error)
+        } else {
+            Self::Database(error)
+        }
+    }
+}
+
+impl From<PoolError> for FenceError {
+    fn from(error: PoolError) -> Self {
+        match error {
+            // A connection that could not be opened: the same error as a lost one.
+            PoolError::Backend(error) => error.into(),
+            other => Self::Pool(other),
+        }
+    }
+}
+
+/// The server is away: no answer (I/O, closed socket, connect timeout), or it
+/// said so (connection exceptions, too many connections, shutting down).
+fn unavailable(error: &tokio_postgres::Error) -> bool {
+    if let Some(code) = error.code() {
+        let code = code.code();
+        return code.starts_with("08") || code.starts_with("57P") || code == "53300";
+    }
+    error.is_closed() || std::error::Error::source(error).is_some_and(|source| source.is::<io::Error>())
+}
+
+fn pool_unavailable(error: &PoolError) -> bool {
+    matches!(error, PoolError::Timeout(_) | PoolError::Closed | PoolError::Backend(_))
+}
+
+impl fmt::Display for FenceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(rejection) = self.rejection() {
+            return rejection.fmt(f);
+        }
+        match self {
+            Self::KeyHasNul => f.write_str("the resource key contains a NUL character"),
+            Self::Retry(error) => write!(f, "the transaction conflicted with a concurrent one: {error}"),
+            Self::Unavailable(error) => write!(f, "the database is unavailable: {error}"),
+            Self::Pool(error) => write!(f, "no database connection: {error}"),
+            Self::Database(error) => write!(f, "database error: {error}"),
+            Self::Stale { .. } | Self::KeyTooLong { .. } => Ok(()),
+        }
+    }
+}
+
+impl std::error::Error for FenceError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Retry(error) | Self::Unavailable(error) | Self::Database(error) => Some(error),
+            Self::Pool(error) => Some(error),
+            _ => None,
+        }
+    }
+}

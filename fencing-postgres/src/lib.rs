@@ -1,0 +1,143 @@
+//! Fencing marks in PostgreSQL, checked in the same transaction as the write.
+//!
+//! The fencing layer keeps marks per process. With several replicas behind a
+//! load balancer, a stale holder's request can reach a replica that never saw
+//! the newer token, and be admitted. For effects in PostgreSQL the cure is to
+//! check the token where the effect happens: the handler's own transaction
+//! locks the key's mark row, refuses a lower token, raises a higher one, and
+//! only then writes. Data and mark commit together, or not at all.
+//!
+//! ```text
+//! BEGIN
+//!   fence(&tx, key, token)   -- lower than the mark: Stale (409), roll back
+//!   ... the handler's writes ...
+//! COMMIT                     -- mark and data together; the mark row unlocks
+//! ```
+//!
+//! Per key, across every replica using the database: the tokens of committed
+//! fenced transactions, in commit order, never decrease (monotonic admission),
+//! and a higher token's fence returns only after the lower-token transaction
+//! holding the row has committed or rolled back (no overlap across holders).
+//!
+//! # An axum handler
+//!
+//! ```no_run
+//! # #[cfg(feature = "axum")]
+//! # mod example {
+//! use axum::extract::{Path, State};
+//! use axum::{Router, http::StatusCode, routing::put};
+//! use deadpool_postgres::Pool;
+//! use fencing_layer::{FencingLayer, FencingToken};
+//! use fencing_postgres::{FenceError, PgFence, PoolLimits};
+//!
+//! #[derive(Clone)]
+//! struct App {
+//!     pool: Pool,
+//!     fence: PgFence,
+//! }
+//!
+//! async fn put_doc(
+//!     State(app): State<App>,
+//!     Path(name): Path<String>,
+//!     token: FencingToken,
+//!     body: String,
+//! ) -> Result<StatusCode, FenceError> {
+//!     let mut client = app.pool.get().await?;
+//!     let tx = client.transaction().await?;
+//!     // The layer's default key is the decoded path: the same key here keeps one mark.
+//!     app.fence.fence(&tx, &format!("/docs/{name}"), token.get()).await?;
+//!     tx.execute(
+//!         "INSERT INTO docs (name, body) VALUES ($1, $2)
+//!          ON CONFLICT (name) DO UPDATE SET body = EXCLUDED.body",
+//!         &[&name, &body],
+//!     )
+//!     .await?;
+//!     tx.commit().await?;
+//!     Ok(StatusCode::NO_CONTENT)
+//! }
+//!
+//! pub async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//!     let config = "host=127.0.0.1 user=postgres dbname=app".parse()?;
+//!     let pool = fencing_postgres::pool(config, PoolLimits::default())?;
+//!     let fence = PgFence::new();
+//!     let client = pool.get().await?;
+//!     fence.migrate(&client).await?;
+//!     drop(client); // back to the pool
+//!     let app = Router::new()
+//!         .route("/docs/{name}", put(put_doc))
+//!         // Parses the token (400, 428) and turns away what this replica already
+//!         // knows is stale; the transaction has the last word.
+//!         .route_layer(FencingLayer::new())
+//!         .with_state(App { pool, fence });
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+//!     axum::serve(listener, app).await?;
+//!     Ok(())
+//! }
+//! # }
+//! # fn main() {}
+//! ```
+//!
+//! With the `axum` feature, a `FenceError` is a response: a stale token gets
+//! the layer's own 409 `application/problem+json` (the same bytes as
+//! [`fencing_layer::ProblemJson::body`] of [`FenceError::rejection`]), a
+//! database that is away or a pool that is exhausted a 503 with `Retry-After`,
+//! each with one log line.
+//!
+//! # The statement
+//!
+//! One statement, so one round trip per fenced transaction (sent with typed
+//! parameters, so no prepare round trip either). Without the token encoding
+//! (below), it reads:
+//!
+//! ```sql
+//! INSERT INTO fencing_marks AS m (key, mark, previous) VALUES ($1, $2, 0)
+//! ON CONFLICT (key) DO UPDATE SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark
+//! RETURNING previous, mark
+//! ```
+//!
+//! The upsert creates the row on first use and otherwise locks it until the
+//! transaction ends. A returned mark above the token is a stale token: the
+//! row was touched but not changed, and the caller's rollback undoes even
+//! that. `previous` only carries the mark the statement found back to
+//! [`Fenced`] (an upsert returns only the new row before PostgreSQL 18).
+//!
+//! Tokens are `u64`; the table keeps them in `NUMERIC(20,0)`, so a mark reads
+//! as the token it is and an operator can reset one with plain SQL
+//! (`UPDATE fencing_marks SET mark = 41 WHERE key = '/docs/a'`). On the wire
+//! they travel as `int8` holding `token − 2⁶³`, which keeps their order.
+//!
+//! # Isolation levels and waits
+//!
+//! READ COMMITTED (the default) is the natural level: a fence that waited for
+//! the row sees the mark the other transaction committed. Under REPEATABLE
+//! READ or SERIALIZABLE, a mark changed after the snapshot was taken is a
+//! serialization failure (SQLSTATE 40001), returned as [`FenceError::Retry`]:
+//! roll back and run the transaction again. Under READ COMMITTED, fence
+//! before reading what the token guards: reads after the fence see every
+//! earlier holder's commits.
+//!
+//! A higher token waits for the lower-token transaction holding the row, as
+//! the layer's drain does. [`pool`] bounds that wait with `lock_timeout`
+//! (running out is `Retry`, 503), bounds waiting for a connection, and has the
+//! server end a session idle in a transaction, so a paused replica frees the
+//! key. A connection that drops mid-transaction is rolled back by the server,
+//! which frees the row: nothing is half-applied, nothing stays locked.
+//!
+//! # Cargo features
+//!
+//! - `axum`: `IntoResponse` for [`FenceError`].
+
+#![deny(missing_docs, unsafe_code, unreachable_pub)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+#[cfg(feature = "axum")]
+mod axum;
+mod error;
+mod fence;
+mod pool;
+mod table;
+
+pub use crate::error::FenceError;
+pub use crate::fence::{DEFAULT_TABLE, Fenced, MAX_KEY_BYTES, PgFence};
+pub use crate::pool::{PoolLimits, pool};
+pub use crate::table::InvalidTableName;

@@ -1,0 +1,205 @@
+//! The fence's contract on one connection at a time: stale, equal, higher;
+//! the whole u64 range; migrations and table names; errors a retry cures.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{TestDb, mark};
+use fencing_postgres::{FenceError, Fenced, MAX_KEY_BYTES, PgFence, PoolLimits};
+use tokio::sync::Barrier;
+use tokio::task::JoinSet;
+use tokio_postgres::{Client, IsolationLevel};
+
+/// Fences `key` with `token` in a transaction of its own and commits.
+async fn fence_once(
+    fence: &PgFence,
+    client: &mut Client,
+    key: &str,
+    token: u64,
+) -> Result<Fenced, FenceError> {
+    let tx = client.transaction().await?;
+    let fenced = fence.fence(&tx, key, token).await?;
+    tx.commit().await?;
+    Ok(fenced)
+}
+
+#[tokio::test]
+async fn stale_is_refused_equal_admitted_higher_raises() {
+    let Some(db) = TestDb::create().await else { return };
+    let fence = db.fence().await;
+    let mut client = db.connect().await;
+
+    let first = fence_once(&fence, &mut client, "/docs/a", 5).await.unwrap();
+    assert_eq!(first, Fenced { token: 5, previous: 0 });
+    assert!(first.raised());
+    let again = fence_once(&fence, &mut client, "/docs/a", 5).await.unwrap();
+    assert_eq!(again, Fenced { token: 5, previous: 5 });
+    assert!(!again.raised());
+    let higher = fence_once(&fence, &mut client, "/docs/a", 7).await.unwrap();
+    assert_eq!(higher, Fenced { token: 7, previous: 5 });
+
+    let tx = client.transaction().await.unwrap();
+    match fence.fence(&tx, "/docs/a", 6).await {
+        Err(FenceError::Stale { key, presented, highest }) => {
+            assert_eq!((key.as_str(), presented, highest), ("/docs/a", 6, 7));
+        }
+        other => panic!("expected Stale, got {other:?}"),
+    }
+    tx.rollback().await.unwrap();
+    assert_eq!(mark(&client, "/docs/a").await.as_deref(), Some("7"));
+    // Keys are independent: a new key starts at 0, so any token is admitted.
+    assert_eq!(fence_once(&fence, &mut client, "/docs/b", 1).await.unwrap().previous, 0);
+    assert_eq!(
+        fence_once(&fence, &mut client, "/docs/c", 0).await.unwrap(),
+        Fenced { token: 0, previous: 0 }
+    );
+}
+
+#[tokio::test]
+async fn tokens_keep_their_u64_order_and_value() {
+    let Some(db) = TestDb::create().await else { return };
+    let fence = db.fence().await;
+    let mut client = db.connect().await;
+    let tokens = [0, 1, (1 << 63) - 1, 1 << 63, u64::MAX];
+
+    let mut previous = 0;
+    for token in tokens {
+        let fenced = fence_once(&fence, &mut client, "k", token).await.unwrap();
+        assert_eq!(fenced, Fenced { token, previous });
+        assert_eq!(mark(&client, "k").await, Some(token.to_string()), "stored as the token itself");
+        previous = token;
+    }
+    for lower in &tokens[..4] {
+        let error = fence_once(&fence, &mut client, "k", *lower).await.unwrap_err();
+        assert!(
+            matches!(error, FenceError::Stale { presented, highest: u64::MAX, .. } if presented == *lower)
+        );
+    }
+
+    // One key per token, fenced in reverse: SQL orders the marks as u64 does.
+    for (i, token) in tokens.iter().rev().enumerate() {
+        fence_once(&fence, &mut client, &format!("order/{i}"), *token).await.unwrap();
+    }
+    let rows = client
+        .query("SELECT mark::text AS t FROM fencing_marks WHERE key LIKE 'order/%' ORDER BY mark", &[])
+        .await
+        .unwrap();
+    let sorted: Vec<String> = rows.iter().map(|row| row.get(0)).collect();
+    assert_eq!(sorted, tokens.map(|t| t.to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_is_idempotent_even_when_replicas_start_at_once() {
+    let Some(db) = TestDb::create().await else { return };
+    let client = db.connect().await;
+    let fence = PgFence::new();
+    fence.migrate(&client).await.unwrap();
+    fence.migrate(&client).await.unwrap();
+
+    // Concurrent CREATE TABLE IF NOT EXISTS alone can fail on a catalog unique index.
+    let racing = PgFence::new().table("raced").unwrap();
+    let start = Arc::new(Barrier::new(6));
+    let mut replicas = JoinSet::new();
+    for _ in 0..6 {
+        let (client, racing, start) = (db.connect().await, racing.clone(), Arc::clone(&start));
+        replicas.spawn(async move {
+            start.wait().await;
+            racing.migrate(&client).await
+        });
+    }
+    while let Some(migrated) = replicas.join_next().await {
+        migrated.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn custom_and_schema_qualified_tables_hold_their_own_marks() {
+    let Some(db) = TestDb::create().await else { return };
+    let mut client = db.connect().await;
+    client.batch_execute("CREATE SCHEMA ops").await.unwrap();
+    let default = db.fence().await;
+    let custom = PgFence::new().table("Custom_Marks").unwrap();
+    let qualified = PgFence::new().table("ops.marks").unwrap();
+    assert_eq!(qualified.table_name(), "ops.marks");
+    for fence in [&custom, &qualified] {
+        fence.migrate(&client).await.unwrap();
+    }
+
+    fence_once(&default, &mut client, "k", 9).await.unwrap();
+    fence_once(&custom, &mut client, "k", 3).await.unwrap();
+    fence_once(&qualified, &mut client, "k", 5).await.unwrap();
+    for (table, expected) in [(r#""Custom_Marks""#, "3"), ("ops.marks", "5"), ("public.fencing_marks", "9")] {
+        let row =
+            client.query_one(&format!("SELECT mark::text FROM {table} WHERE key = 'k'"), &[]).await.unwrap();
+        assert_eq!(row.get::<_, String>(0), expected, "{table}");
+    }
+    let error = fence_once(&qualified, &mut client, "k", 4).await.unwrap_err();
+    assert!(matches!(error, FenceError::Stale { highest: 5, .. }), "{error:?}");
+}
+
+#[test]
+fn invalid_table_names_are_refused_before_any_sql() {
+    for bad in
+        ["", "a.b.c", "1marks", "marks;drop table users", "my-marks", "ma rks", "\"marks\"", "märks", "a."]
+    {
+        let error = PgFence::new().table(bad).unwrap_err();
+        assert!(error.to_string().starts_with("invalid fencing mark table name"), "{bad:?}: {error}");
+    }
+    assert!(PgFence::new().table(&"m".repeat(64)).is_err(), "PostgreSQL would truncate it");
+    assert_eq!(PgFence::new().table_name(), "fencing_marks");
+}
+
+#[tokio::test]
+async fn keys_the_table_cannot_hold_are_refused() {
+    let Some(db) = TestDb::create().await else { return };
+    let fence = db.fence().await;
+    let mut client = db.connect().await;
+    let long = "k".repeat(MAX_KEY_BYTES + 1);
+    let error = fence_once(&fence, &mut client, &long, 1).await.unwrap_err();
+    assert!(matches!(error, FenceError::KeyTooLong { limit: MAX_KEY_BYTES }), "{error:?}");
+    let error = fence_once(&fence, &mut client, "a\0b", 1).await.unwrap_err();
+    assert!(matches!(error, FenceError::KeyHasNul), "{error:?}");
+    fence_once(&fence, &mut client, &"k".repeat(MAX_KEY_BYTES), 1).await.unwrap();
+}
+
+#[tokio::test]
+async fn lock_timeout_bounds_the_wait_and_asks_for_a_retry() {
+    let Some(db) = TestDb::create().await else { return };
+    let fence = db.fence().await;
+    let limits = PoolLimits { lock_timeout: Duration::from_millis(200), ..PoolLimits::default() };
+    let pool = db.pool(limits);
+    let mut holder = pool.get().await.unwrap();
+    let held = holder.transaction().await.unwrap();
+    fence.fence(&held, "k", 3).await.unwrap();
+
+    let mut waiter = pool.get().await.unwrap();
+    let tx = waiter.transaction().await.unwrap();
+    let started = Instant::now();
+    let error = fence.fence(&tx, "k", 4).await.unwrap_err();
+    assert!(matches!(error, FenceError::Retry(_)) && error.is_retryable(), "{error:?}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+}
+
+#[tokio::test]
+async fn repeatable_read_sees_a_concurrent_raise_as_a_retry() {
+    let Some(db) = TestDb::create().await else { return };
+    let fence = db.fence().await;
+    let mut other = db.connect().await;
+    fence_once(&fence, &mut other, "k", 1).await.unwrap();
+
+    let mut client = db.connect().await;
+    let tx =
+        client.build_transaction().isolation_level(IsolationLevel::RepeatableRead).start().await.unwrap();
+    tx.batch_execute("SELECT 1").await.unwrap(); // takes the snapshot
+    fence_once(&fence, &mut other, "k", 2).await.unwrap();
+    let error = fence.fence(&tx, "k", 3).await.unwrap_err();
+    assert!(
+        matches!(&error, FenceError::Retry(e) if e.code().map(|c| c.code()) == Some("40001")),
+        "{error:?}"
+    );
+    drop(tx);
+    // The retry, in a new transaction, goes through.
+    assert_eq!(fence_once(&fence, &mut client, "k", 3).await.unwrap().previous, 2);
+}

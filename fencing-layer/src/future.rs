@@ -17,8 +17,8 @@ use crate::layer::Shared;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
 use crate::service::respond;
-use crate::store::StoreError;
 use crate::store::admission::{Admission, InsideGuard, KeyState, RecordDuty, WaitFor};
+use crate::store::{SharedAdmission, SharedPermit, SharedRefusal, StoreError};
 use crate::token::FencingToken;
 use tokio::time::Instant;
 
@@ -59,6 +59,16 @@ pin_project! {
         Admitting {
             waiting: Pin<Box<Waiting<S, B, E, R>>>,
         },
+        // Waiting for a shared store's decision.
+        SharedAdmitting {
+            waiting: Pin<Box<SharedWaiting<S, B, E, R>>>,
+        },
+        // Admitted by a shared store: the inner future, and the permit that holds its place.
+        SharedInside {
+            #[pin]
+            future: S::Future,
+            permit: SharedPermit,
+        },
         Rejected {
             response: Option<S::Response>,
         },
@@ -75,7 +85,18 @@ pin_project! {
         wake: Wake,
         #[pin]
         deadline: Sleep,
+        state: Arc<KeyState>,
         // Taken when the request enters.
+        pending: Option<Pending<S, B, E, R>>,
+    }
+}
+
+pin_project! {
+    /// A request waiting for a shared store: its decision, the layer's outer bound, and itself.
+    struct SharedWaiting<S, B, E, R> {
+        admission: SharedAdmission,
+        #[pin]
+        deadline: Sleep,
         pending: Option<Pending<S, B, E, R>>,
     }
 }
@@ -124,7 +145,6 @@ struct Pending<S, B, E, R> {
     request: Request<B>,
     token: FencingToken,
     key: String,
-    state: Arc<KeyState>,
     shared: Arc<Shared<E, R>>,
 }
 
@@ -164,7 +184,7 @@ where
         state: Arc<KeyState>,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        let pending = Pending { inner, request, token, key, state, shared: Arc::clone(shared) };
+        let pending = Pending { inner, request, token, key, shared: Arc::clone(shared) };
         let wake = match admission {
             Admission::Wait(notified, waiting_for) => Wake::Notified { notified, waiting_for },
             Admission::Record(duty) => pending.record(duty),
@@ -173,8 +193,26 @@ where
             }
         };
         let deadline = tokio::time::sleep_until(deadline_after(shared.config.bound(wake.bound())));
-        let waiting = Box::pin(Waiting { wake, deadline, pending: Some(pending) });
+        let waiting = Box::pin(Waiting { wake, deadline, state, pending: Some(pending) });
         Self::from(Kind::Admitting { waiting })
+    }
+
+    /// Waits for a shared store's decision on the request, then calls `inner` or refuses.
+    pub(crate) fn shared(
+        admission: SharedAdmission,
+        inner: S,
+        request: Request<B>,
+        token: FencingToken,
+        key: String,
+        shared: &Arc<Shared<E, R>>,
+    ) -> Self {
+        let config = &shared.config;
+        // The store bounds its own waits; this bounds the store.
+        let bound = config.drain_timeout.saturating_add(config.store.write_timeout());
+        let deadline = tokio::time::sleep_until(deadline_after(bound));
+        let pending = Pending { inner, request, token, key, shared: Arc::clone(shared) };
+        let waiting = Box::pin(SharedWaiting { admission, deadline, pending: Some(pending) });
+        Self::from(Kind::SharedAdmitting { waiting })
     }
 }
 
@@ -231,6 +269,14 @@ impl<S, B, E, R> Pending<S, B, E, R> {
         Rejection::Stale { key: self.key.clone(), presented: self.token.get(), highest }
     }
 
+    fn drain_timeout(&self) -> Rejection {
+        Rejection::DrainTimeout {
+            key: self.key.clone(),
+            presented: self.token.get(),
+            retry_after: self.shared.config.retry_after,
+        }
+    }
+
     fn store_unavailable(&self, error: StoreError) -> Rejection {
         Rejection::StoreUnavailable {
             key: self.key.clone(),
@@ -252,7 +298,7 @@ where
         let mut kind = self.project().kind;
         loop {
             match kind.as_mut().project() {
-                KindProj::Inside { future, .. } => {
+                KindProj::Inside { future, .. } | KindProj::SharedInside { future, .. } => {
                     let output = ready!(future.poll(cx));
                     // Leave the inner service as soon as it is done, not when this future is dropped.
                     kind.set(Kind::Finished);
@@ -283,6 +329,7 @@ where
                 KindProj::Admitting { waiting } => {
                     let waiting = waiting.as_mut().project();
                     let (mut wake, deadline, slot) = (waiting.wake, waiting.deadline, waiting.pending);
+                    let state = &*waiting.state;
                     let Some(pending) = slot.as_ref() else { unreachable!("taken only on entering") };
                     let waited_for = wake.bound();
                     let woken = match wake.as_mut().project() {
@@ -298,21 +345,17 @@ where
                             match waited_for {
                                 WaitFor::Write => pending
                                     .store_unavailable(StoreError::Timeout(config.store.write_timeout())),
-                                WaitFor::Drain => Rejection::DrainTimeout {
-                                    key: pending.key.clone(),
-                                    presented: pending.token.get(),
-                                    retry_after: config.retry_after,
-                                },
+                                WaitFor::Drain => pending.drain_timeout(),
                             }
                         }
-                        Poll::Ready(Err(error)) => match pending.state.mark() {
+                        Poll::Ready(Err(error)) => match state.mark() {
                             // Overtaken while writing: stale is the truer answer.
                             highest if highest > pending.token.get() => pending.stale(highest),
                             _ => pending.store_unavailable(error),
                         },
                         Poll::Ready(Ok(())) => {
                             let durable = config.store.is_durable();
-                            match pending.state.admit(&pending.key, pending.token.get(), durable) {
+                            match state.admit(&pending.key, pending.token.get(), durable) {
                                 Admission::Wait(notified, waiting_for) => {
                                     // A new bound when the wait changes kind (the write is
                                     // done, the drain begins); the same bound otherwise.
@@ -342,6 +385,43 @@ where
                                 }
                                 Admission::Stale { highest } => pending.stale(highest),
                             }
+                        }
+                    };
+                    let response = respond(&pending.shared.responder, rejection);
+                    kind.set(Kind::Finished);
+                    return Poll::Ready(Ok(response));
+                }
+                KindProj::SharedAdmitting { waiting } => {
+                    let waiting = waiting.as_mut().project();
+                    let Some(pending) = waiting.pending.as_ref() else {
+                        unreachable!("taken only on entering")
+                    };
+                    let rejection = match waiting.admission.as_mut().poll(cx) {
+                        Poll::Pending => {
+                            ready!(waiting.deadline.poll(cx));
+                            let config = &pending.shared.config;
+                            let bound = config.drain_timeout.saturating_add(config.store.write_timeout());
+                            pending.store_unavailable(StoreError::Timeout(bound))
+                        }
+                        Poll::Ready(Ok(permit)) => {
+                            let Some(pending) = waiting.pending.take() else { unreachable!("checked above") };
+                            let Pending { mut inner, mut request, token, key, .. } = pending;
+                            tracing::debug!(key = ?key, token = token.get(), "fenced request admitted by the shared store");
+                            request.extensions_mut().insert(token);
+                            kind.set(Kind::SharedInside { future: inner.call(request), permit });
+                            continue;
+                        }
+                        Poll::Ready(Err(SharedRefusal::Stale { highest })) => pending.stale(highest),
+                        Poll::Ready(Err(SharedRefusal::DrainTimeout)) => pending.drain_timeout(),
+                        Poll::Ready(Err(SharedRefusal::KeyTooLong { limit })) => {
+                            Rejection::KeyTooLong { limit }
+                        }
+                        Poll::Ready(Err(SharedRefusal::InvalidKey(why))) => {
+                            tracing::debug!(key = ?pending.key, why, "the shared store refused the key");
+                            Rejection::MissingKey
+                        }
+                        Poll::Ready(Err(SharedRefusal::Unavailable(error))) => {
+                            pending.store_unavailable(error)
                         }
                     };
                     let response = respond(&pending.shared.responder, rejection);

@@ -11,8 +11,8 @@ use crate::key::PathKey;
 use crate::methods::MethodSet;
 use crate::respond::ProblemJson;
 use crate::service::Fencing;
-use crate::store::MarkStore;
 use crate::store::admission::WaitFor;
+use crate::store::{MarkStore, SharedStore};
 
 /// The header that carries the token unless configured otherwise: `Fencing-Token`.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
@@ -63,6 +63,18 @@ pub(crate) struct Config {
     pub(crate) retry_after: Duration,
     pub(crate) policy: InFlightPolicy,
     pub(crate) store: MarkStore,
+    /// When set, every fenced request is decided here instead of in `store`.
+    pub(crate) shared_store: Option<SharedStoreHandle>,
+}
+
+/// A [`SharedStore`] in the configuration: shared, and debug-printable.
+#[derive(Clone)]
+pub(crate) struct SharedStoreHandle(pub(crate) Arc<dyn SharedStore>);
+
+impl fmt::Debug for SharedStoreHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("SharedStore")
+    }
 }
 
 impl Config {
@@ -99,6 +111,7 @@ impl FencingLayer {
             retry_after: Duration::from_secs(1),
             policy: InFlightPolicy::Drain,
             store: MarkStore::in_memory(),
+            shared_store: None,
         };
         Self::from_parts(PathKey, ProblemJson, config)
     }
@@ -172,6 +185,19 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
         self.with(|s| s.store = store)
     }
 
+    /// Decides every fenced request in `store`, shared by every replica of the
+    /// resource, instead of in this process's [`MarkStore`]: see [`SharedStore`].
+    /// The drain bound is passed to the store; the whole decision is also
+    /// bounded by the drain bound plus [`MarkStoreBuilder::write_timeout`]
+    /// (then 503). With a shared store a raise always drains: the cancel
+    /// policy needs to see every raise at once, which only local marks give.
+    ///
+    /// [`MarkStoreBuilder::write_timeout`]: crate::MarkStoreBuilder::write_timeout
+    pub fn shared_store(self, store: impl SharedStore) -> Self {
+        let store = SharedStoreHandle(Arc::new(store));
+        self.with(|s| s.shared_store = Some(store))
+    }
+
     /// Keys requests with `extractor` instead of by path.
     pub fn key_extractor<E2>(self, extractor: E2) -> FencingLayer<E2, R> {
         let Shared { responder, config, .. } = Arc::unwrap_or_clone(self.shared);
@@ -201,6 +227,7 @@ impl<E, R> fmt::Debug for FencingLayer<E, R> {
             .field("drain_timeout", &s.drain_timeout)
             .field("policy", &s.policy)
             .field("store", &s.store)
+            .field("shared_store", &s.shared_store)
             .finish_non_exhaustive()
     }
 }

@@ -133,6 +133,15 @@
 //!
 //! Any storage can hold marks by implementing [`MarkLog`].
 //!
+//! # Several replicas
+//!
+//! Marks in a [`MarkStore`] belong to one process. When several replicas serve
+//! one resource, a stale holder's request can reach a replica that never saw
+//! the newer token. [`FencingLayer::shared_store`] takes a [`SharedStore`]
+//! that every replica checks instead (`fencing-postgres` has one on
+//! PostgreSQL); for effects inside a database, check the token in the write's
+//! own transaction as well (`fencing_postgres::PgFence::fence`).
+//!
 //! # Cargo features
 //!
 //! - `axum`: [`FencingToken`] as an extractor; `PathParamKey`, keying by one path parameter.
@@ -168,6 +177,6 @@ pub use crate::service::Fencing;
 pub use crate::store::RedbMarkLog;
 pub use crate::store::{
     DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_KEYS, DEFAULT_WRITE_TIMEOUT, MarkLog, MarkStore, MarkStoreBuilder,
-    StoreError,
+    SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError,
 };
 pub use crate::token::{FencingToken, TokenError};

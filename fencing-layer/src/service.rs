@@ -112,6 +112,12 @@ where
         let Some(key) = shared.extractor.extract(&request) else {
             return ResponseFuture::rejected(shared, Rejection::MissingKey);
         };
+        if let Some(store) = &config.shared_store {
+            let key = key.into_owned();
+            let admission = store.0.admit(&key, token.get(), config.drain_timeout);
+            let inner = take_readied(&mut self.inner);
+            return ResponseFuture::shared(admission, inner, request, token, key, shared);
+        }
         let state = match config.store.find(&key, token.get()) {
             Ok(Found::Entered(guard)) => {
                 let key = admitted(config, key, token);
@@ -141,15 +147,20 @@ where
             }
             admission => {
                 let key = key.into_owned();
-                // Take the service that `poll_ready` readied; leave a clone for the next call.
                 // If `clone` panics, unwinding drops `admission`, and with it any record
                 // duty, which hands the duty back: the token is not stranded.
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
+                let inner = take_readied(&mut self.inner);
                 ResponseFuture::admitting(admission, inner, request, token, key, state, shared)
             }
         }
     }
+}
+
+/// The service that `poll_ready` readied, for a request that calls it later;
+/// a clone takes its place for the next call.
+fn take_readied<S: Clone>(inner: &mut S) -> S {
+    let clone = inner.clone();
+    std::mem::replace(inner, clone)
 }
 
 /// Logs an admission; returns the key to keep when the cancel policy watches in-flight requests.

@@ -33,6 +33,8 @@ struct Statements {
     table: String,
     migrate: String,
     fence: String,
+    enter: String,
+    open: String,
 }
 
 /// What a successful [`PgFence::fence`] found: the mark now equals `token`.
@@ -55,7 +57,15 @@ impl Fenced {
 
 impl Default for PgFence {
     fn default() -> Self {
-        Self::build(DEFAULT_TABLE.to_owned(), format!("\"{DEFAULT_TABLE}\""))
+        Self::table(Self { sql: Arc::new(Statements::empty()) }, DEFAULT_TABLE)
+            .expect("the default name is valid")
+    }
+}
+
+impl Statements {
+    fn empty() -> Self {
+        let none = String::new;
+        Self { table: none(), migrate: none(), fence: none(), enter: none(), open: none() }
     }
 }
 
@@ -70,7 +80,9 @@ impl PgFence {
     /// digits and underscores, not starting with a digit. The name is quoted,
     /// so its case is kept. Anything else is refused here, before it can reach SQL.
     pub fn table(self, name: &str) -> Result<Self, InvalidTableName> {
-        Ok(Self::build(name.to_owned(), quote(name)?))
+        // The shared store's second table, `<name>_inside`, must be a valid name too.
+        let inside = quote(&format!("{name}_inside"))?;
+        Ok(Self::build(name.to_owned(), quote(name)?, inside))
     }
 
     /// The mark table's name, as given.
@@ -79,7 +91,7 @@ impl PgFence {
         &self.sql.table
     }
 
-    fn build(table: String, quoted: String) -> Self {
+    fn build(table: String, quoted: String, inside: String) -> Self {
         // `previous` is how the statement returns the mark it found: PostgreSQL
         // before 18 returns only the new row from an upsert. Keys compare as
         // bytes (collation "C"), as the layer's do.
@@ -89,6 +101,11 @@ impl PgFence {
                  key TEXT COLLATE \"C\" PRIMARY KEY,
                  mark NUMERIC(20,0) NOT NULL CHECK (mark BETWEEN 0 AND 18446744073709551615),
                  previous NUMERIC(20,0) NOT NULL
+             );
+             CREATE TABLE IF NOT EXISTS {inside} (
+                 key TEXT COLLATE \"C\" NOT NULL,
+                 token NUMERIC(20,0) NOT NULL,
+                 PRIMARY KEY (key, token)
              )"
         );
         let fence = format!(
@@ -96,7 +113,34 @@ impl PgFence {
              ON CONFLICT (key) DO UPDATE SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark
              RETURNING (previous - {OFFSET})::int8, (mark - {OFFSET})::int8"
         );
-        Self { sql: Arc::new(Statements { table, migrate, fence }) }
+        // The shared store's statements (`shared.rs` says why they are these).
+        let enter = format!(
+            "SELECT (m.mark - {OFFSET})::int8, i.token IS NOT NULL
+             FROM {quoted} m LEFT JOIN LATERAL (
+                 SELECT token FROM {inside} WHERE key = $1 AND token = $2::numeric + {OFFSET} FOR KEY SHARE
+             ) i ON true
+             WHERE m.key = $1"
+        );
+        let open = format!(
+            "WITH drained AS (DELETE FROM {inside} WHERE key = $1 AND token < $2::numeric + {OFFSET})
+             INSERT INTO {inside} (key, token) VALUES ($1, $2::numeric + {OFFSET}) ON CONFLICT DO NOTHING"
+        );
+        Self { sql: Arc::new(Statements { table, migrate, fence, enter, open }) }
+    }
+
+    /// The fence statement: `($1 key, $2 token)` → `(previous, mark)`, wire form.
+    pub(crate) fn fence_sql(&self) -> &str {
+        &self.sql.fence
+    }
+
+    /// `($1 key, $2 token)` → `(mark, whether the token is open and now KEY SHARE locked)`.
+    pub(crate) fn enter_sql(&self) -> &str {
+        &self.sql.enter
+    }
+
+    /// `($1 key, $2 token)`: waits for and removes lower tokens' rows, opens this one.
+    pub(crate) fn open_sql(&self) -> &str {
+        &self.sql.open
     }
 
     /// Creates the mark table if it does not exist. Idempotent, and safe when
@@ -154,11 +198,11 @@ impl PgFence {
 }
 
 /// `token − 2⁶³` as an `i64`: the order of `u64`s kept in a signed integer.
-fn to_wire(token: u64) -> i64 {
+pub(crate) fn to_wire(token: u64) -> i64 {
     (token ^ (1 << 63)) as i64
 }
 
-fn from_wire(wire: i64) -> u64 {
+pub(crate) fn from_wire(wire: i64) -> u64 {
     (wire as u64) ^ (1 << 63)
 }
 

@@ -123,6 +123,36 @@
 //! key. A connection that drops mid-transaction is rolled back by the server,
 //! which frees the row: nothing is half-applied, nothing stays locked.
 //!
+//! # A shared store for the layer
+//!
+//! For effects outside PostgreSQL (a file, a queue, another service), the
+//! layer itself can keep its contract across replicas: [`PgSharedStore`]
+//! makes every replica's [`FencingLayer`](fencing_layer::FencingLayer) decide
+//! in the database. A stale token is refused on every replica; a higher one
+//! raises the mark at once and waits, up to the drain bound, until no
+//! lower-token request is inside on any replica (a `lock_timeout`, then 503).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use axum::{Router, routing::post};
+//! use fencing_layer::FencingLayer;
+//! use fencing_postgres::{PgFence, PgSharedStore, PoolLimits};
+//!
+//! let config = "host=127.0.0.1 user=postgres dbname=app".parse()?;
+//! let store = PgSharedStore::new(fencing_postgres::pool(config, PoolLimits::default())?, PgFence::new());
+//! store.migrate().await?;
+//! let app: Router = Router::new()
+//!     .route("/jobs/{name}", post(|| async { "ran" }))
+//!     .route_layer(FencingLayer::new().shared_store(store));
+//! # let _ = app; Ok(()) }
+//! ```
+//!
+//! Each request inside holds a pooled connection with an open transaction,
+//! and costs one round trip when it carries the key's current token (a raise:
+//! three more). Use in-transaction fencing when the effect is in this
+//! database: it is cheaper and covers the write itself. The module docs of
+//! `shared.rs` give the mapping onto PostgreSQL and why it holds.
+//!
 //! # Cargo features
 //!
 //! - `axum`: `IntoResponse` for [`FenceError`].
@@ -135,9 +165,11 @@ mod axum;
 mod error;
 mod fence;
 mod pool;
+mod shared;
 mod table;
 
 pub use crate::error::FenceError;
 pub use crate::fence::{DEFAULT_TABLE, Fenced, MAX_KEY_BYTES, PgFence};
 pub use crate::pool::{PoolLimits, pool};
+pub use crate::shared::PgSharedStore;
 pub use crate::table::InvalidTableName;

@@ -29,6 +29,7 @@ mod log;
 mod loom_model;
 #[cfg(feature = "redb")]
 mod redb;
+mod shared;
 pub(crate) mod sync;
 
 use std::fmt;
@@ -44,6 +45,7 @@ use self::admission::{InsideGuard, KeyState, RecordDuty};
 pub use self::log::MarkLog;
 #[cfg(feature = "redb")]
 pub use self::redb::RedbMarkLog;
+pub use self::shared::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
 
 /// How many keys a store tracks unless told otherwise.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;

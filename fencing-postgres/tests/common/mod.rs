@@ -126,6 +126,11 @@ impl Rng {
         z ^ (z >> 31)
     }
 
+    /// A generator of its own, for another task.
+    pub fn fork(&mut self) -> Self {
+        Rng(self.next())
+    }
+
     /// A number in `0..n`.
     pub fn below(&mut self, n: u64) -> u64 {
         self.next() % n

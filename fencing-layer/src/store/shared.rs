@@ -1,0 +1,105 @@
+//! Marks shared by every replica of a resource: the [`SharedStore`] trait.
+//!
+//! A [`MarkStore`](super::MarkStore) keeps marks in one process, which is
+//! enough while one process owns a key. When several replicas serve one
+//! resource, a stale holder's request can reach a replica that never saw the
+//! newer token; the marks, and the "who is inside" bookkeeping that keeps a
+//! higher token out until lower ones have left, must then live where every
+//! replica checks them. A `SharedStore` is that place (the `fencing-postgres`
+//! crate provides one on PostgreSQL), and [`FencingLayer::shared_store`]
+//! makes the layer ask it about every fenced request instead of its own table:
+//!
+//! ```
+//! use std::time::Duration;
+//! use fencing_layer::{FencingLayer, SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
+//!
+//! /// A stand-in that admits everything (a real one asks a database).
+//! struct AdmitAll;
+//!
+//! impl SharedStore for AdmitAll {
+//!     fn admit(&self, _key: &str, _token: u64, _drain: Duration) -> SharedAdmission {
+//!         Box::pin(async { Ok::<_, SharedRefusal>(SharedPermit::new(())) })
+//!     }
+//! }
+//!
+//! let layer = FencingLayer::new().shared_store(AdmitAll);
+//! # let _ = layer;
+//! ```
+//!
+//! The contract is the layer's, kept by all replicas together: a token below
+//! the key's mark is refused; a token equal to it is admitted, concurrently
+//! with others carrying it; a higher token raises the mark at once (later
+//! lower tokens are refused on every replica) and is admitted once no
+//! lower-token request for the key is inside on any replica, or refused with
+//! [`SharedRefusal::DrainTimeout`] after `drain`. Being inside is holding the
+//! [`SharedPermit`]: the layer keeps it until the inner service's response
+//! future completes or is dropped, then drops it, which must let the next
+//! holder in (and must also happen when the process dies: a database lock held
+//! by the connection does this by itself).
+//!
+//! [`FencingLayer::shared_store`]: crate::FencingLayer::shared_store
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use super::StoreError;
+
+/// What [`SharedStore::admit`] returns: a boxed future, because admission
+/// through a shared store is a network round trip or more, next to which the
+/// allocation does not count.
+pub type SharedAdmission = Pin<Box<dyn Future<Output = Result<SharedPermit, SharedRefusal>> + Send>>;
+
+/// Marks and in-flight bookkeeping shared by every replica of a resource.
+pub trait SharedStore: Send + Sync + 'static {
+    /// Decides on a request carrying `token` for `key`: a place inside, held
+    /// until the permit is dropped, or a refusal. A raise may wait up to
+    /// `drain` for lower-token requests to leave, on any replica.
+    ///
+    /// Dropping the returned future before it completes must leave nothing
+    /// held (the layer drops it when the client goes away).
+    fn admit(&self, key: &str, token: u64, drain: Duration) -> SharedAdmission;
+}
+
+/// A request's place inside the inner service, in a [`SharedStore`]: whatever
+/// the store needs to hold (a transaction, a lock), released when dropped.
+pub struct SharedPermit(#[allow(dead_code)] Box<dyn Any + Send>);
+
+impl SharedPermit {
+    /// A permit that holds `place` until dropped.
+    pub fn new(place: impl Any + Send) -> Self {
+        Self(Box::new(place))
+    }
+}
+
+impl fmt::Debug for SharedPermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SharedPermit").finish_non_exhaustive()
+    }
+}
+
+/// Why a [`SharedStore`] did not admit a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SharedRefusal {
+    /// The token is below the key's mark (409).
+    Stale {
+        /// The key's mark.
+        highest: u64,
+    },
+    /// Lower-token requests were still inside when the drain bound ran out
+    /// (503 with `Retry-After`). The mark stays raised.
+    DrainTimeout,
+    /// The key is longer than the store takes (400).
+    KeyTooLong {
+        /// The longest key the store takes, in bytes.
+        limit: usize,
+    },
+    /// The store cannot keep this key, for the reason given (400, as a missing key).
+    InvalidKey(&'static str),
+    /// The store could not decide: database down, pool exhausted, a timeout
+    /// (503 with `Retry-After`). Nothing was admitted, nothing stays held.
+    Unavailable(StoreError),
+}

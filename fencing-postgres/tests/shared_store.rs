@@ -1,0 +1,284 @@
+//! The layer's HTTP contract kept by several replicas together through
+//! `PgSharedStore`: each replica is a real axum server with its own layer and
+//! its own pool; the database is the only thing they share.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Path;
+use axum::routing::post;
+use common::{BOUND, Rng, TestDb, lock_waiters};
+use fencing_layer::{FencingLayer, FencingToken};
+use fencing_postgres::{PgFence, PgSharedStore, PoolLimits};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+/// What every replica's handler saw, in one order: `(key, token, entered)`.
+#[derive(Clone, Default)]
+struct Probe {
+    events: Arc<Mutex<Vec<(u64, u64, bool)>>>,
+    gates: Arc<Mutex<HashMap<u64, Arc<Semaphore>>>>,
+    /// Each request stays inside 0–4 ms, so that requests overlap.
+    jitter: bool,
+}
+
+impl Probe {
+    /// Requests with `token` stay inside until released.
+    fn hold(&self, token: u64) -> Arc<Semaphore> {
+        Arc::clone(self.gates.lock().unwrap().entry(token).or_insert_with(|| Arc::new(Semaphore::new(0))))
+    }
+
+    fn release(&self, token: u64) {
+        self.hold(token).close();
+    }
+
+    fn events(&self) -> Vec<(u64, u64, bool)> {
+        self.events.lock().unwrap().clone()
+    }
+
+    fn inside(&self, key: u64, token: u64) -> usize {
+        let events = self.events();
+        let entered = events.iter().filter(|e| **e == (key, token, true)).count();
+        entered - events.iter().filter(|e| **e == (key, token, false)).count()
+    }
+
+    async fn wait_inside(&self, key: u64, token: u64, n: usize) {
+        let waited = tokio::time::timeout(BOUND, async {
+            while self.inside(key, token) < n {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        });
+        waited.await.unwrap_or_else(|_| panic!("{n} requests with {token} never got inside"));
+    }
+
+    fn router(&self, layer: FencingLayer) -> Router {
+        let probe = self.clone();
+        let handler = move |Path(key): Path<u64>, token: FencingToken| {
+            let probe = probe.clone();
+            async move {
+                probe.events.lock().unwrap().push((key, token.get(), true));
+                // Recorded on drop too, so a request cut off inside still leaves.
+                let _exit = Exit(probe.clone(), key, token.get());
+                let gate = probe.gates.lock().unwrap().get(&token.get()).cloned();
+                if let Some(gate) = gate {
+                    let _ = gate.acquire().await;
+                }
+                if probe.jitter {
+                    let n = probe.events.lock().unwrap().len() as u64;
+                    tokio::time::sleep(Duration::from_millis(n * 7 % 10)).await;
+                }
+                "ok"
+            }
+        };
+        Router::new().route("/r/{key}", post(handler)).route_layer(layer)
+    }
+}
+
+struct Exit(Probe, u64, u64);
+
+impl Drop for Exit {
+    fn drop(&mut self) {
+        self.0.events.lock().unwrap().push((self.1, self.2, false));
+    }
+}
+
+/// One replica: a real server on 127.0.0.1 with its own layer and pool.
+struct Replica {
+    url: String,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Replica {
+    async fn start(probe: &Probe, db: &TestDb, layer: FencingLayer, limits: PoolLimits) -> Self {
+        let store = PgSharedStore::new(db.pool(limits), PgFence::new());
+        store.migrate().await.unwrap();
+        let router = probe.router(layer.shared_store(store));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        Self { url, server }
+    }
+
+    async fn post(&self, key: u64, token: u64) -> (u16, serde_json::Value) {
+        let client = reqwest::Client::new();
+        let request = client.post(format!("{}/r/{key}", self.url)).header("fencing-token", token).send();
+        let response = tokio::time::timeout(BOUND, request).await.expect("the request hung").unwrap();
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap();
+        (status, serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
+    }
+
+    fn spawn_post(
+        self: &Arc<Self>,
+        key: u64,
+        token: u64,
+    ) -> tokio::task::JoinHandle<(u16, serde_json::Value)> {
+        let replica = Arc::clone(self);
+        tokio::spawn(async move { replica.post(key, token).await })
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn replicas(db: &TestDb, probe: &Probe, n: usize, drain: Duration) -> Vec<Arc<Replica>> {
+    let mut all = Vec::new();
+    for _ in 0..n {
+        let layer = FencingLayer::new().drain_timeout(drain);
+        all.push(Arc::new(Replica::start(probe, db, layer, PoolLimits::default()).await));
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_seen_by_one_replica_is_stale_on_every_other() {
+    let Some(db) = TestDb::create().await else { return };
+    let probe = Probe::default();
+    let r = replicas(&db, &probe, 3, Duration::from_secs(5)).await;
+    assert_eq!(r[0].post(1, 7).await.0, 200);
+    let (status, problem) = r[1].post(1, 5).await;
+    assert_eq!(status, 409);
+    assert_eq!(problem["type"], "urn:fencing:problem:stale-token");
+    assert_eq!((problem["presented_token"].as_u64(), problem["highest_token"].as_u64()), (Some(5), Some(7)));
+    assert_eq!(r[2].post(1, 7).await.0, 200, "the holder's own token is admitted everywhere");
+    assert_eq!(r[2].post(2, 1).await.0, 200, "another key has its own mark");
+    assert_eq!(probe.events().iter().filter(|e| e.2).count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_raise_waits_for_lower_tokens_inside_on_any_replica_and_equal_ones_share() {
+    let Some(db) = TestDb::create().await else { return };
+    let probe = Probe::default();
+    let r = replicas(&db, &probe, 3, Duration::from_secs(10)).await;
+    probe.hold(7);
+    let first = r[0].spawn_post(1, 7);
+    let second = r[1].spawn_post(1, 7);
+    probe.wait_inside(1, 7, 2).await; // equal tokens inside at once, on two replicas
+
+    let raise = r[2].spawn_post(1, 8);
+    lock_waiters(&db.connect().await, 1).await; // 8 waits in the database for the 7s
+    // The mark rose at once: 7 is refused everywhere though two 7s are still inside.
+    assert_eq!(r[0].post(1, 7).await.0, 409);
+    assert!(!raise.is_finished());
+    probe.release(7);
+    assert_eq!(first.await.unwrap().0, 200);
+    assert_eq!(second.await.unwrap().0, 200);
+    assert_eq!(raise.await.unwrap().0, 200);
+    let events = probe.events();
+    let enter8 = events.iter().position(|e| *e == (1, 8, true)).unwrap();
+    let last_exit7 = events.iter().rposition(|e| *e == (1, 7, false)).unwrap();
+    assert!(last_exit7 < enter8, "8 entered while a 7 was inside: {events:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_drain_past_its_bound_is_503_and_the_mark_stays_raised() {
+    let Some(db) = TestDb::create().await else { return };
+    let probe = Probe::default();
+    let r = replicas(&db, &probe, 2, Duration::from_millis(300)).await;
+    probe.hold(3);
+    let holder = r[0].spawn_post(1, 3);
+    probe.wait_inside(1, 3, 1).await;
+    let (status, problem) = r[1].post(1, 4).await;
+    assert_eq!(status, 503);
+    assert_eq!(problem["type"], "urn:fencing:problem:drain-timeout");
+    assert_eq!(r[1].post(1, 3).await.0, 409, "the mark went back down");
+    probe.release(3);
+    assert_eq!(holder.await.unwrap().0, 200);
+    assert_eq!(r[1].post(1, 4).await.0, 200, "drained now");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_request_cut_off_inside_lets_the_next_holder_in() {
+    let Some(db) = TestDb::create().await else { return };
+    let probe = Probe::default();
+    let r = replicas(&db, &probe, 2, Duration::from_secs(10)).await;
+    probe.hold(5);
+    let gone = r[0].spawn_post(1, 5);
+    probe.wait_inside(1, 5, 1).await;
+    // The client goes away: the server drops the request's future, and with it the permit.
+    gone.abort();
+    assert_eq!(r[1].post(1, 6).await.0, 200);
+    assert_eq!(probe.inside(1, 5), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn database_down_or_pool_exhausted_is_503_and_nothing_is_admitted() {
+    let Some(db) = TestDb::create().await else { return };
+    let probe = Probe::default();
+    let limits = PoolLimits { max_size: 1, wait: Duration::from_millis(200), ..PoolLimits::default() };
+    let one = Arc::new(Replica::start(&probe, &db, FencingLayer::new(), limits).await);
+    probe.hold(2);
+    let holder = one.spawn_post(1, 2);
+    probe.wait_inside(1, 2, 1).await;
+    // The only connection is inside: the next request waits 200 ms for one, then 503.
+    let (status, problem) = one.post(1, 2).await;
+    assert_eq!(status, 503);
+    assert_eq!(problem["type"], "urn:fencing:problem:store-unavailable");
+    probe.release(2);
+    assert_eq!(holder.await.unwrap().0, 200);
+
+    // A database that is not there: a closed loopback port.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
+    let config: tokio_postgres::Config =
+        format!("host=127.0.0.1 port={closed} user=postgres").parse().unwrap();
+    let store =
+        PgSharedStore::new(fencing_postgres::pool(config, PoolLimits::default()).unwrap(), PgFence::new());
+    let router = probe.router(FencingLayer::new().shared_store(store));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let down = Replica { url, server };
+    let before = probe.events().len();
+    let (status, problem) = down.post(1, 9).await;
+    assert_eq!(status, 503);
+    assert_eq!(problem["type"], "urn:fencing:problem:store-unavailable");
+    assert_eq!(probe.events().len(), before, "a request reached the handler without the database");
+}
+
+/// Three replicas, requests routed at random, raises, repeated and stale
+/// tokens on three keys; the handlers' events, in one order, must show that
+/// per key admitted tokens never decrease and no two tokens are ever inside.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn random_routing_across_three_replicas_keeps_both_invariants() {
+    let Some(db) = TestDb::create().await else { return };
+    let probe = Probe { jitter: true, ..Probe::default() };
+    let r = replicas(&db, &probe, 3, Duration::from_secs(10)).await;
+    let mut rng = Rng::from_clock();
+    let mut tasks = Vec::new();
+    for worker in 0..16_u64 {
+        let (r, mut rng) = (r.clone(), rng.fork());
+        tasks.push(tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            for round in 0..30_u64 {
+                let key = rng.below(3);
+                let token = round / 5 + rng.below(3) + worker % 2;
+                statuses.push(r[rng.below(3) as usize].post(key, token).await.0);
+            }
+            statuses
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.extend(task.await.unwrap());
+    }
+    assert!(statuses.iter().all(|s| [200, 409].contains(s)), "{statuses:?}");
+    assert!(statuses.iter().filter(|s| **s == 200).count() > 12, "{statuses:?}");
+    let mut state: HashMap<u64, (u64, usize, u64)> = HashMap::new(); // key → (inside token, count, last admitted)
+    for (key, token, entered) in probe.events() {
+        let (inside, count, last) = state.entry(key).or_default();
+        if entered {
+            assert!(*count == 0 || *inside == token, "key {key}: {token} entered while {inside} was inside");
+            assert!(token >= *last, "key {key}: {token} admitted after {last}");
+            (*inside, *count, *last) = (token, *count + 1, token);
+        } else {
+            *count -= 1;
+        }
+    }
+}

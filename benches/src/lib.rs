@@ -259,8 +259,16 @@ pub mod standin {
 
     /// The service, behind a default [`FencingLayer`] when `fenced`.
     pub fn router(fenced: bool) -> Router {
+        router_with(fenced.then(FencingLayer::new))
+    }
+
+    /// The service, behind `layer` if there is one.
+    pub fn router_with(layer: Option<FencingLayer>) -> Router {
         let routes = Router::new().route("/logs/{name}", post(append).get(count));
-        let routes = if fenced { routes.route_layer(FencingLayer::new()) } else { routes };
+        let routes = match layer {
+            Some(layer) => routes.route_layer(layer),
+            None => routes,
+        };
         routes.with_state(Logs::default())
     }
 }

@@ -40,11 +40,12 @@ use tokio::net::{TcpListener, TcpStream};
 #[derive(Debug, Clone, Parser)]
 #[command(version, about)]
 struct Args {
-    /// Base URL of a running fenced target (`http://127.0.0.1:8080`); loopback only.
+    /// Base URL of a running fenced target (`http://127.0.0.1:8080`), or several
+    /// replicas of it separated by commas (connections spread evenly); loopback only.
     /// Without it, fenced and unfenced stand-ins run in-process.
     #[arg(long)]
     url: Option<String>,
-    /// Base URL of a running unfenced baseline to compare `--url` with; loopback only.
+    /// Base URL(s) of a running unfenced baseline to compare `--url` with; loopback only.
     #[arg(long, requires = "url")]
     baseline_url: Option<String>,
     /// Concurrent keep-alive connections per target.
@@ -74,6 +75,11 @@ struct Args {
     /// Worker threads of the client runtime.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     client_threads: u32,
+    /// In-process only: a third target, the fenced stand-in with its marks in
+    /// this PostgreSQL database (`PgSharedStore`), e.g. `host=127.0.0.1 user=postgres
+    /// dbname=bench`; loopback only. Its tables are created if missing.
+    #[arg(long, conflicts_with = "url")]
+    shared_postgres: Option<String>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -84,11 +90,18 @@ const VALID_TOKEN: &str = "1000";
 const STALE_TOKEN: &str = "1";
 const MALFORMED_TOKEN: &str = "01x";
 
+/// One service under test: one server, or several replicas of it (connection
+/// `i` goes to replica `i % n`).
 #[derive(Debug, Clone)]
 struct Target {
     label: String,
-    addr: SocketAddr,
-    authority: HeaderValue,
+    replicas: Vec<(SocketAddr, HeaderValue)>,
+}
+
+impl Target {
+    fn urls(&self) -> String {
+        self.replicas.iter().map(|(addr, _)| format!("http://{addr}")).collect::<Vec<_>>().join(",")
+    }
 }
 
 /// What one connection (or one round, or one target) saw.
@@ -226,8 +239,14 @@ fn loadavg() -> String {
         .unwrap_or_else(|_| "unknown".to_owned())
 }
 
-/// Parses `http://host:port[/]` and insists that every address it names is loopback.
-fn loopback_target(label: &str, url: &str) -> Result<Target, String> {
+/// Parses `http://host:port[/]`, or several separated by commas (replicas), and
+/// insists that every address they name is loopback.
+fn loopback_target(label: &str, urls: &str) -> Result<Target, String> {
+    let replicas = urls.split(',').map(loopback_replica).collect::<Result<_, _>>()?;
+    Ok(Target { label: label.to_owned(), replicas })
+}
+
+fn loopback_replica(url: &str) -> Result<(SocketAddr, HeaderValue), String> {
     let rest = url.strip_prefix("http://").ok_or_else(|| format!("{url}: only http:// URLs"))?;
     let authority = rest.trim_end_matches('/');
     if authority.contains('/') {
@@ -240,7 +259,28 @@ fn loopback_target(label: &str, url: &str) -> Result<Target, String> {
         .collect();
     let addr = *addrs.first().ok_or_else(|| format!("{url}: not a loopback address; refusing"))?;
     let authority = HeaderValue::from_str(authority).map_err(|e| format!("{url}: {e}"))?;
-    Ok(Target { label: label.to_owned(), addr, authority })
+    Ok((addr, authority))
+}
+
+/// A default layer deciding in a `PgSharedStore` on `config`, a loopback database.
+async fn shared_postgres_layer(
+    config: &str,
+) -> Result<fencing_layer::FencingLayer, Box<dyn std::error::Error>> {
+    let config: tokio_postgres::Config = config.parse()?;
+    let loopback = config.get_hosts().iter().all(|host| match host {
+        tokio_postgres::config::Host::Tcp(name) => {
+            (name.as_str(), 0).to_socket_addrs().is_ok_and(|mut a| a.all(|a| a.ip().is_loopback()))
+        }
+        tokio_postgres::config::Host::Unix(_) => true,
+    });
+    if !loopback {
+        return Err("--shared-postgres: not a loopback database; refusing".into());
+    }
+    let limits = fencing_postgres::PoolLimits { max_size: 64, ..Default::default() };
+    let store =
+        fencing_postgres::PgSharedStore::new(fencing_postgres::pool(config, limits)?, Default::default());
+    store.migrate().await?;
+    Ok(fencing_layer::FencingLayer::new().shared_store(store))
 }
 
 /// A tiny deterministic generator for the token mix (no need for a crate).
@@ -265,7 +305,8 @@ async fn connection(
     end: Instant,
 ) -> Tally {
     let mut tally = Tally::new();
-    let stream = match TcpStream::connect(target.addr).await {
+    let (addr, authority) = &target.replicas[id as usize % target.replicas.len()];
+    let stream = match TcpStream::connect(addr).await {
         Ok(stream) => stream,
         Err(_) => {
             tally.errors += 1;
@@ -294,7 +335,7 @@ async fn connection(
             VALID_TOKEN
         };
         let request = Request::post(path.as_str())
-            .header(header::HOST, target.authority.clone())
+            .header(header::HOST, authority.clone())
             .header(fencing_benches::TOKEN_HEADER, token)
             .body(Full::new(body.clone()))
             .expect("a valid request");
@@ -413,10 +454,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .enable_all()
                 .build()?;
             let mut targets = Vec::new();
-            for (label, fenced) in [("unfenced", false), ("fenced", true)] {
-                let addr = serve_in_process(&runtime, fencing_benches::standin::router(fenced))?;
+            let mut routers = vec![
+                ("unfenced", fencing_benches::standin::router(false)),
+                ("fenced", fencing_benches::standin::router(true)),
+            ];
+            if let Some(config) = &args.shared_postgres {
+                let layer = runtime.block_on(shared_postgres_layer(config))?;
+                routers.push(("shared", fencing_benches::standin::router_with(Some(layer))));
+            }
+            for (label, router) in routers {
+                let addr = serve_in_process(&runtime, router)?;
                 let authority = HeaderValue::from_str(&addr.to_string())?;
-                targets.push(Target { label: label.to_owned(), addr, authority });
+                targets.push(Target { label: label.to_owned(), replicas: vec![(addr, authority)] });
             }
             server_runtime = Some(runtime);
             targets
@@ -500,7 +549,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let h = &tally.histogram;
             TargetRow {
                 target: target.label.clone(),
-                url: format!("http://{}", target.addr),
+                url: target.urls(),
                 requests: tally.requests(),
                 measured_s: measured.as_secs_f64(),
                 requests_per_s: tally.requests() as f64 / measured.as_secs_f64(),

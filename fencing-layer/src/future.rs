@@ -206,10 +206,8 @@ where
         key: String,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        let config = &shared.config;
         // The store bounds its own waits; this bounds the store.
-        let bound = config.drain_timeout.saturating_add(config.store.write_timeout());
-        let deadline = tokio::time::sleep_until(deadline_after(bound));
+        let deadline = tokio::time::sleep_until(deadline_after(shared.config.shared_store_bound()));
         let pending = Pending { inner, request, token, key, shared: Arc::clone(shared) };
         let waiting = Box::pin(SharedWaiting { admission, deadline, pending: Some(pending) });
         Self::from(Kind::SharedAdmitting { waiting })
@@ -399,8 +397,7 @@ where
                     let rejection = match waiting.admission.as_mut().poll(cx) {
                         Poll::Pending => {
                             ready!(waiting.deadline.poll(cx));
-                            let config = &pending.shared.config;
-                            let bound = config.drain_timeout.saturating_add(config.store.write_timeout());
+                            let bound = pending.shared.config.shared_store_bound();
                             pending.store_unavailable(StoreError::Timeout(bound))
                         }
                         Poll::Ready(Ok(permit)) => {

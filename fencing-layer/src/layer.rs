@@ -90,6 +90,11 @@ impl Config {
         }
     }
 
+    /// How long a shared store may take to decide: its drain, then a write's worth.
+    pub(crate) fn shared_store_bound(&self) -> Duration {
+        self.drain_timeout.saturating_add(self.store.write_timeout())
+    }
+
     /// Whether admitted requests watch for a higher token (the cancel policy).
     pub(crate) fn watches_in_flight(&self) -> bool {
         self.policy == InFlightPolicy::Cancel

@@ -1,6 +1,5 @@
 //! Routes, handlers and problem+json errors.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
@@ -15,7 +14,7 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Serialize;
 use serde_json::{Map, Value, json};
 
-use crate::store::{Data, DataError};
+use crate::backend::DataError;
 use crate::{App, MAX_BODY_BYTES, MAX_DELAY_MS, MAX_NAME_BYTES};
 
 /// The data routes. The caller puts the fencing layer on them (or not).
@@ -123,16 +122,30 @@ struct KeyValue {
     value: String,
 }
 
-impl From<DataError> for Problem {
+/// Handlers answer with a [`Problem`] or the data's own error response, so
+/// both convert with `?`.
+type Answer = Result<Response, Response>;
+
+impl From<Problem> for Response {
+    fn from(problem: Problem) -> Self {
+        problem.into_response()
+    }
+}
+
+impl From<DataError> for Response {
     fn from(error: DataError) -> Self {
         match error {
             DataError::Stale { presented, highest } => {
                 Problem::new(StatusCode::CONFLICT, "stale-token", "Stale fencing token")
-                    .detail(format!("fencing token {presented} is below {highest}, already written here"))
+                    .detail(error.to_string())
                     .with("presented_token", presented)
                     .with("highest_token", highest)
+                    .into_response()
             }
-            DataError::Storage(error) => Problem::internal(format!("storage failed: {error}")),
+            // fencing-postgres's answers: the layer's 409 for a stale token, 503
+            // with Retry-After when the database is away or the pool exhausted.
+            DataError::Postgres(error) => error.into_response(),
+            DataError::Storage(_) | DataError::Task(_) => Problem::internal(error).into_response(),
         }
     }
 }
@@ -193,31 +206,19 @@ async fn read_text(body: Body) -> Result<String, Problem> {
 }
 
 /// What every write does between admission and applying it: count itself in
-/// flight, validate the query and the body, then wait out `delay_ms`. The
-/// returned guard keeps the write counted until it is dropped, after the commit.
+/// flight, validate the query and the body. The returned guard keeps the write
+/// counted until it is dropped, after the commit; the backend waits out
+/// `delay_ms` with it (`InFlight::delay`) just before applying the write.
 async fn prepare(
     app: &App,
     resource: &str,
     query: Option<String>,
     body: Body,
-) -> Result<(crate::InFlight, String), Problem> {
-    let mut in_flight = app.enter(resource);
+) -> Result<(crate::InFlight, Duration, String), Problem> {
+    let in_flight = app.enter(resource);
     let delay = parse_delay(query.as_deref())?;
     let text = read_text(body).await?;
-    in_flight.delay(delay).await;
-    Ok((in_flight, text))
-}
-
-/// Runs a blocking data operation off the async threads.
-async fn blocking<T: Send + 'static>(
-    data: &Arc<Data>,
-    op: impl FnOnce(&Data) -> Result<T, DataError> + Send + 'static,
-) -> Result<T, Problem> {
-    let data = Arc::clone(data);
-    match tokio::task::spawn_blocking(move || op(&data)).await {
-        Ok(result) => result.map_err(Problem::from),
-        Err(error) => Err(Problem::internal(format!("storage task failed: {error}"))),
-    }
+    Ok((in_flight, delay, text))
 }
 
 async fn append(
@@ -226,28 +227,24 @@ async fn append(
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     body: Body,
-) -> Result<Response, Problem> {
+) -> Answer {
     let log = name(path)?;
     let resource = format!("/logs/{log}");
-    let (in_flight, text) = prepare(&app, &resource, query, body).await?;
+    let (mut in_flight, delay, text) = prepare(&app, &resource, query, body).await?;
     let raw = token.map(FencingToken::get);
-    let (r, l) = (resource.clone(), log.clone());
-    let index = blocking(&app.data, move |data| data.append(&r, &l, raw, &text)).await?;
+    let index = app.data.append(&resource, &log, raw, text, in_flight.delay(delay)).await?;
     drop(in_flight);
     tracing::info!(log, index, token = raw, "appended");
     Ok((StatusCode::CREATED, axum::Json(Appended { log, index, token: raw })).into_response())
 }
 
-async fn read_log(
-    State(app): State<App>,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<Response, Problem> {
+async fn read_log(State(app): State<App>, path: Result<Path<String>, PathRejection>) -> Answer {
     let log = name(path)?;
-    let l = log.clone();
-    match blocking(&app.data, move |data| data.log(&l)).await? {
+    match app.data.log(&log).await? {
         Some(entries) => Ok(axum::Json(json!({ "entries": entries })).into_response()),
         None => Err(Problem::new(StatusCode::NOT_FOUND, "unknown-log", "Unknown log")
-            .detail(format!("nothing was ever appended to log {log:?}"))),
+            .detail(format!("nothing was ever appended to log {log:?}"))
+            .into()),
     }
 }
 
@@ -257,30 +254,25 @@ async fn put_value(
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     body: Body,
-) -> Result<Response, Problem> {
+) -> Answer {
     let key = name(path)?;
     let resource = format!("/kv/{key}");
-    let (in_flight, text) = prepare(&app, &resource, query, body).await?;
+    let (mut in_flight, delay, text) = prepare(&app, &resource, query, body).await?;
     let raw = token.map(FencingToken::get);
-    let (r, k) = (resource.clone(), key.clone());
-    let created = blocking(&app.data, move |data| data.put(&r, &k, raw, &text)).await?;
+    let created = app.data.put(&resource, &key, raw, text, in_flight.delay(delay)).await?;
     drop(in_flight);
     tracing::info!(key, token = raw, created, "stored");
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, axum::Json(Stored { key, token: raw })).into_response())
 }
 
-async fn get_value(
-    State(app): State<App>,
-    path: Result<Path<String>, PathRejection>,
-) -> Result<Response, Problem> {
+async fn get_value(State(app): State<App>, path: Result<Path<String>, PathRejection>) -> Answer {
     let key = name(path)?;
-    let k = key.clone();
-    match blocking(&app.data, move |data| data.get(&k)).await? {
+    match app.data.get(&key).await? {
         Some(entry) => {
             Ok(axum::Json(KeyValue { key, token: entry.token, value: entry.value }).into_response())
         }
-        None => Err(unknown_key(&key)),
+        None => Err(unknown_key(&key).into()),
     }
 }
 
@@ -290,16 +282,15 @@ async fn delete_value(
     path: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
     body: Body,
-) -> Result<Response, Problem> {
+) -> Answer {
     let key = name(path)?;
     let resource = format!("/kv/{key}");
-    let (in_flight, _) = prepare(&app, &resource, query, body).await?;
+    let (mut in_flight, delay, _) = prepare(&app, &resource, query, body).await?;
     let raw = token.map(FencingToken::get);
-    let (r, k) = (resource.clone(), key.clone());
-    let deleted = blocking(&app.data, move |data| data.delete(&r, &k, raw)).await?;
+    let deleted = app.data.delete(&resource, &key, raw, in_flight.delay(delay)).await?;
     drop(in_flight);
     if !deleted {
-        return Err(unknown_key(&key));
+        return Err(unknown_key(&key).into());
     }
     tracing::info!(key, token = raw, "deleted");
     Ok(StatusCode::NO_CONTENT.into_response())

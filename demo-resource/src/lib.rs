@@ -19,6 +19,29 @@
 //! The fencing layer is added with one line, as to any existing router (see
 //! [`Resource::router`]); each path (`/logs/billing`, `/kv/k`) has its own mark.
 //!
+//! # Several replicas: PostgreSQL
+//!
+//! With [`Storage::Postgres`] (`serve --postgres URL`) the data lives in
+//! PostgreSQL, and every process given the same URL is a replica of one
+//! resource. The layer's marks stay per process, so alone they cannot stop a
+//! stale holder whose request lands on a replica that never saw the newer
+//! token. So each write is also fenced in its own transaction with
+//! [`fencing_postgres::PgFence::fence`], keyed by the same path: begin, fence
+//! (a lower token than the key's mark in the database: the layer's 409),
+//! `delay_ms`, write, commit. A stalled write thus holds the key's mark row,
+//! and a newer holder's write on any replica waits for it (at most 5 s, then
+//! 503). The layer still answers 428 and 400 for missing and bad tokens, and
+//! 409 for what its replica already knows is stale.
+//!
+//! `fence_in_transaction: false` (`--local-marks`) leaves the layer's
+//! per-process marks as the only fence, the data still in PostgreSQL: with
+//! several replicas, stale writes get through. That mode exists to show it.
+//!
+//! Routes, status codes and bodies are the same as with the other storages,
+//! except: a database that cannot be reached, or no free connection in time,
+//! is a 503 problem+json with `Retry-After`; a name holding NUL (which
+//! PostgreSQL text cannot store) is a 400 on writes and a 404 on reads.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use demo_resource::{Config, Resource};
@@ -32,7 +55,9 @@
 //!
 //! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it.
 
+mod backend;
 mod http;
+mod postgres;
 pub mod scenario;
 mod store;
 
@@ -49,6 +74,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
+use crate::backend::Backend;
+use crate::postgres::PgData;
 use crate::store::Data;
 pub use crate::store::Entry;
 
@@ -67,6 +94,19 @@ pub enum Storage {
     Dir(PathBuf),
     /// Memory only: a restart forgets data and marks.
     InMemory,
+    /// The data in the PostgreSQL database at `url` (`postgres://user@host:port/db`
+    /// or `host=… user=… dbname=…`), shared by every replica given the same URL;
+    /// the layer's marks in memory. Opened with [`Resource::connect`], which
+    /// creates the tables if missing.
+    Postgres {
+        /// The database, as tokio-postgres parses it.
+        url: String,
+        /// Whether each fenced write is also fenced in its own transaction
+        /// (marks in the database, shared by every replica). `false` is
+        /// `--local-marks`: the layer's per-process marks only, not enough
+        /// with several replicas.
+        fence_in_transaction: bool,
+    },
 }
 
 /// Configuration of a [`Resource`].
@@ -87,6 +127,11 @@ impl Config {
     /// Fenced, in memory.
     pub fn in_memory() -> Self {
         Self { storage: Storage::InMemory, fencing: true }
+    }
+
+    /// Fenced by the layer and in each write's transaction, data in PostgreSQL at `url`.
+    pub fn postgres(url: impl Into<String>) -> Self {
+        Self { storage: Storage::Postgres { url: url.into(), fence_in_transaction: true }, fencing: true }
     }
 
     /// The same routes without the fencing layer: stale writes get through.
@@ -118,7 +163,7 @@ pub struct Resource {
 /// What the handlers share.
 #[derive(Debug, Clone)]
 pub(crate) struct App {
-    data: Arc<Data>,
+    data: Backend,
     /// Resource path → how many writes are inside their handler.
     in_flight: Arc<watch::Sender<BTreeMap<String, usize>>>,
     /// Bumped by [`Resource::finish_delays`]: every `delay_ms` wait then ends.
@@ -170,14 +215,18 @@ impl Drop for InFlight {
 
 impl Resource {
     /// Opens the data (and, when fenced, the marks) as `config` says. This blocks
-    /// (it creates the files and commits): from async code, call it in `spawn_blocking`.
+    /// (it creates the files and commits): from async code, call it in
+    /// `spawn_blocking`, or call [`connect`](Self::connect).
     ///
     /// # Errors
     ///
     /// The directory or a database file cannot be created or opened (another
-    /// process may have it).
+    /// process may have it); [`Storage::Postgres`], which only `connect` opens.
     pub fn open(config: Config) -> Result<Self, OpenError> {
         let (data, marks) = match &config.storage {
+            Storage::Postgres { .. } => {
+                return Err(OpenError("PostgreSQL storage is opened with `Resource::connect`".into()));
+            }
             Storage::Dir(dir) => {
                 std::fs::create_dir_all(dir).map_err(|e| OpenError(format!("{}: {e}", dir.display())))?;
                 let data = Data::open(&dir.join("data.redb")).map_err(|e| OpenError(format!("data: {e}")))?;
@@ -194,12 +243,37 @@ impl Resource {
                 (data, config.fencing.then(MarkStore::in_memory))
             }
         };
+        Ok(Self::new(Backend::Redb(Arc::new(data)), marks))
+    }
+
+    /// Opens the resource as `config` says, from async code. [`Storage::Postgres`]
+    /// opens only here: it connects, and creates the mark table and the data
+    /// tables if missing (replicas may start at once). The other storages are
+    /// opened by [`open`](Self::open) on the blocking pool.
+    ///
+    /// # Errors
+    ///
+    /// As [`open`](Self::open); for PostgreSQL, a bad URL, a database that
+    /// cannot be reached within 5 s, or a failed migration.
+    pub async fn connect(config: Config) -> Result<Self, OpenError> {
+        let Storage::Postgres { url, fence_in_transaction } = &config.storage else {
+            let opened = tokio::task::spawn_blocking(move || Self::open(config)).await;
+            return opened.map_err(|e| OpenError(e.to_string()))?;
+        };
+        let fence_in_transaction = config.fencing && *fence_in_transaction;
+        let data = PgData::connect(url, fence_in_transaction)
+            .await
+            .map_err(|e| OpenError(format!("postgres: {e}")))?;
+        Ok(Self::new(Backend::Postgres(data), config.fencing.then(MarkStore::in_memory)))
+    }
+
+    fn new(data: Backend, marks: Option<MarkStore>) -> Self {
         let app = App {
-            data: Arc::new(data),
+            data,
             in_flight: Arc::new(watch::Sender::new(BTreeMap::new())),
             delays: Arc::new(watch::Sender::new(0)),
         };
-        Ok(Self { app, marks })
+        Self { app, marks }
     }
 
     /// The service's routes, fenced unless the config said otherwise.

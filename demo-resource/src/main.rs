@@ -4,6 +4,13 @@
 //!   prints `listening on ADDR` on stdout once it accepts connections (handy with
 //!   port 0), logs to stderr (`RUST_LOG`, default `info`) and stops gracefully on
 //!   Ctrl-C or SIGTERM.
+//! * `demo-resource serve --postgres URL [--local-marks | --no-fencing]` keeps the
+//!   data in PostgreSQL (`postgres://user@host:port/db` or `host=… dbname=…`);
+//!   several `serve` processes given the same URL are replicas of one resource.
+//!   Each write is fenced in its own transaction, with marks in the database
+//!   that every replica checks (and by the per-process layer in front). It
+//!   creates the tables at start-up if missing. `--local-marks` keeps only the
+//!   per-process layer, to show that it is not enough with several replicas.
 //! * `demo-resource scenario` runs the scenario in-process and prints its outcomes;
 //!   it exits non-zero if one differs from the expected one. With
 //!   `--lock-backend etcd --etcd-endpoints http://127.0.0.1:2379` the tokens come from etcd.
@@ -14,7 +21,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use demo_lock_service::shutdown_signal;
-use demo_resource::{Config, Resource, scenario};
+use demo_resource::{Config, Resource, Storage, scenario};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -66,6 +73,16 @@ struct Serve {
     /// Keep data and marks in memory only: a restart forgets them.
     #[arg(long, conflicts_with = "data_dir")]
     in_memory: bool,
+    /// Keep the data in this PostgreSQL database; processes given the same URL are
+    /// replicas of one resource. Each write is fenced in its own transaction.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "in_memory"])]
+    postgres: Option<String>,
+    /// With --postgres: fence with each process's own marks only, not in the
+    /// database. Stale writes then get through on other replicas: a demonstration.
+    // The conflicts are spelled out: clap drops `requires` when the required
+    // argument conflicts with one given (`--in-memory --local-marks` would run).
+    #[arg(long, requires = "postgres", conflicts_with_all = ["no_fencing", "in_memory", "data_dir"])]
+    local_marks: bool,
 }
 
 #[tokio::main]
@@ -94,14 +111,29 @@ async fn main() -> ExitCode {
 }
 
 async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
-    let config = if args.in_memory { Config::in_memory() } else { Config::durable(&args.data_dir) };
+    let config = match args.postgres {
+        Some(url) => Config {
+            storage: Storage::Postgres { url, fence_in_transaction: !args.local_marks },
+            fencing: true,
+        },
+        None if args.in_memory => Config::in_memory(),
+        None => Config::durable(&args.data_dir),
+    };
     let config = if args.no_fencing { config.without_fencing() } else { config };
-    let opening = config.clone();
-    let resource = tokio::task::spawn_blocking(move || Resource::open(opening)).await??;
+    // Not the URL itself: it may hold a password.
+    let storage = match &config.storage {
+        Storage::Dir(dir) => format!("{}", dir.display()),
+        Storage::InMemory => "in memory".to_owned(),
+        Storage::Postgres { fence_in_transaction: true, .. } => {
+            "postgres, fenced in each transaction".to_owned()
+        }
+        Storage::Postgres { fence_in_transaction: false, .. } => "postgres, local marks only".to_owned(),
+    };
+    let resource = Resource::connect(config.clone()).await?;
     let listener =
         TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, pid = std::process::id(), storage = ?config.storage, fencing = config.fencing, "resource listening");
+    tracing::info!(%addr, pid = std::process::id(), storage, fencing = config.fencing, "resource listening");
     println!("listening on {addr}");
     resource.serve(listener, shutdown_signal()).await?;
     tracing::info!("stopped");

@@ -17,6 +17,8 @@ use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::Serialize;
 
+use crate::backend::DataError;
+
 /// `(log name, index)` → `(token, text)`.
 const LOGS: TableDefinition<'_, (&str, u64), (Option<u64>, &str)> = TableDefinition::new("logs");
 /// key → `(token, text)`.
@@ -32,15 +34,6 @@ pub struct Entry {
     pub token: Option<u64>,
     /// The text written.
     pub value: String,
-}
-
-/// Why a data operation failed.
-#[derive(Debug)]
-pub(crate) enum DataError {
-    /// The token is below the highest one already written for the resource.
-    Stale { presented: u64, highest: u64 },
-    /// redb failed.
-    Storage(redb::Error),
 }
 
 fn storage(error: impl Into<redb::Error>) -> DataError {

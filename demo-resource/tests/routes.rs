@@ -1,14 +1,56 @@
-//! Every route and its bad inputs, over real HTTP against an in-process server.
+//! Every route and its bad inputs, over real HTTP against an in-process server:
+//! each test runs twice, on the in-memory storage and on PostgreSQL (a database
+//! of its own; SKIPPED when PostgreSQL is not reachable, unless `CI=true`).
+
+mod common;
 
 use std::time::Duration;
 
+use common::TestDb;
 use demo_resource::{Config, MAX_BODY_BYTES, Resource, RunningResource};
 use reqwest::{Client, Method};
 use serde_json::{Value, json};
 
+/// Where the server under test keeps its data.
+#[derive(Debug, Clone, Copy)]
+enum Data {
+    InMemory,
+    Postgres,
+}
+
+/// Runs the test `$name(Data)` once per storage, as `$name::in_memory` and `$name::postgres`.
+macro_rules! on_each_storage {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn in_memory() {
+                super::$name(super::Data::InMemory).await;
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                super::$name(super::Data::Postgres).await;
+            }
+        }
+    )*};
+}
+
+on_each_storage!(
+    logs_append_in_order_and_refuse_stale_tokens,
+    key_values_put_get_delete,
+    fenced_routes_need_a_valid_current_token,
+    bad_inputs_get_problem_json,
+    unknown_routes_and_methods_never_touch_the_marks,
+    delay_ms_holds_the_write_inside_the_handler,
+    a_newer_token_waits_for_an_older_write_in_flight,
+    without_fencing_stale_and_tokenless_writes_get_through,
+);
+
 struct Server {
     running: RunningResource,
     http: Client,
+    /// Dropped after the server: the database of a PostgreSQL run.
+    _db: Option<TestDb>,
 }
 
 /// A status, the content type, and the body (JSON when it parses, else a string).
@@ -32,14 +74,20 @@ impl Answer {
 }
 
 impl Server {
-    async fn start(config: Config) -> Self {
-        let running = Resource::open(config).unwrap().spawn("127.0.0.1:0".parse().unwrap()).await.unwrap();
+    /// A server on `data`, fenced or not; `None` when PostgreSQL is not reachable (SKIPPED).
+    async fn start(data: Data, fencing: bool) -> Option<Self> {
+        let (config, db) = match data {
+            Data::InMemory => (Config::in_memory(), None),
+            Data::Postgres => {
+                let db = TestDb::create().await?;
+                (Config::postgres(db.url()), Some(db))
+            }
+        };
+        let config = if fencing { config } else { config.without_fencing() };
+        let resource = Resource::connect(config).await.unwrap();
+        let running = resource.spawn("127.0.0.1:0".parse().unwrap()).await.unwrap();
         let http = Client::builder().no_proxy().timeout(Duration::from_secs(20)).build().unwrap();
-        Self { running, http }
-    }
-
-    async fn fenced() -> Self {
-        Self::start(Config::in_memory()).await
+        Some(Self { running, http, _db: db })
     }
 
     async fn call(
@@ -86,9 +134,8 @@ impl Server {
     }
 }
 
-#[tokio::test]
-async fn logs_append_in_order_and_refuse_stale_tokens() {
-    let s = Server::fenced().await;
+async fn logs_append_in_order_and_refuse_stale_tokens(data: Data) {
+    let Some(s) = Server::start(data, true).await else { return };
     let a = s.post("/logs/billing", Some("3"), "first").await;
     assert_eq!((a.status, a.body.clone()), (201, json!({"log": "billing", "index": 0, "token": 3})));
     assert_eq!(s.post("/logs/billing", Some("3"), "same holder again").await.status, 201);
@@ -119,9 +166,8 @@ async fn logs_append_in_order_and_refuse_stale_tokens() {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn key_values_put_get_delete() {
-    let s = Server::fenced().await;
+async fn key_values_put_get_delete(data: Data) {
+    let Some(s) = Server::start(data, true).await else { return };
     let created = s.put("/kv/owner", Some("2"), "worker-1").await;
     assert_eq!((created.status, created.body), (201, json!({"key": "owner", "token": 2})));
     assert_eq!(s.put("/kv/owner", Some("4"), "worker-2").await.status, 200);
@@ -136,9 +182,8 @@ async fn key_values_put_get_delete() {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn fenced_routes_need_a_valid_current_token() {
-    let s = Server::fenced().await;
+async fn fenced_routes_need_a_valid_current_token(data: Data) {
+    let Some(s) = Server::start(data, true).await else { return };
     for (method, path) in [(Method::POST, "/logs/l"), (Method::PUT, "/kv/k"), (Method::DELETE, "/kv/k")] {
         s.call(method.clone(), path, None, "x").await.problem(428, "missing-token");
         for bad in ["", "01", "-1", "1.0", "0x10", "18446744073709551616", "1 2"] {
@@ -151,9 +196,8 @@ async fn fenced_routes_need_a_valid_current_token() {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn bad_inputs_get_problem_json() {
-    let s = Server::fenced().await;
+async fn bad_inputs_get_problem_json(data: Data) {
+    let Some(s) = Server::start(data, true).await else { return };
     // Body size: exactly the limit is fine, one byte more is 413.
     assert_eq!(s.post("/logs/big", Some("1"), vec![b'a'; MAX_BODY_BYTES]).await.status, 201);
     let too_big = s.post("/logs/big", Some("1"), vec![b'a'; MAX_BODY_BYTES + 1]).await;
@@ -198,9 +242,8 @@ async fn bad_inputs_get_problem_json() {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn unknown_routes_and_methods_never_touch_the_marks() {
-    let s = Server::fenced().await;
+async fn unknown_routes_and_methods_never_touch_the_marks(data: Data) {
+    let Some(s) = Server::start(data, true).await else { return };
     let marks = s.running.resource().mark_store().unwrap().clone();
     s.post("/nope", Some("9"), "x").await.problem(404, "not-found");
     s.call(Method::PATCH, "/kv/k", Some("9"), "x").await.problem(405, "method-not-allowed");
@@ -212,9 +255,8 @@ async fn unknown_routes_and_methods_never_touch_the_marks() {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn delay_ms_holds_the_write_inside_the_handler() {
-    let s = Server::fenced().await;
+async fn delay_ms_holds_the_write_inside_the_handler(data: Data) {
+    let Some(s) = Server::start(data, true).await else { return };
     let resource = s.running.resource().clone();
     let url = format!("{}/logs/slow?delay_ms=10000", s.running.base_url());
     let write = tokio::spawn(s.http.post(url).header("Fencing-Token", "1").body("late").send());
@@ -235,9 +277,8 @@ async fn delay_ms_holds_the_write_inside_the_handler() {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn a_newer_token_waits_for_an_older_write_in_flight() {
-    let s = Server::fenced().await;
+async fn a_newer_token_waits_for_an_older_write_in_flight(data: Data) {
+    let Some(s) = Server::start(data, true).await else { return };
     let resource = s.running.resource().clone();
     let base = s.running.base_url();
     let old = tokio::spawn(
@@ -267,9 +308,8 @@ async fn a_newer_token_waits_for_an_older_write_in_flight() {
     s.stop().await;
 }
 
-#[tokio::test]
-async fn without_fencing_stale_and_tokenless_writes_get_through() {
-    let s = Server::start(Config::in_memory().without_fencing()).await;
+async fn without_fencing_stale_and_tokenless_writes_get_through(data: Data) {
+    let Some(s) = Server::start(data, false).await else { return };
     assert!(s.running.resource().mark_store().is_none());
     assert_eq!(s.post("/logs/l", Some("5"), "newer").await.status, 201);
     assert_eq!(s.post("/logs/l", Some("1"), "stale").await.status, 201);
@@ -287,5 +327,19 @@ async fn without_fencing_stale_and_tokenless_writes_get_through() {
     // The same validation applies.
     s.post("/logs/l", None, vec![0xff]).await.problem(400, "invalid-utf8");
     s.post("/nope", None, "x").await.problem(404, "not-found");
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn on_postgres_names_cannot_hold_nul_but_values_can() {
+    let Some(s) = Server::start(Data::Postgres, true).await else { return };
+    // PostgreSQL text cannot hold NUL: such a name cannot be fenced or written, and was never written.
+    s.post("/logs/a%00b", Some("1"), "x").await.problem(400, "invalid-key");
+    s.put("/kv/a%00b", Some("1"), "x").await.problem(400, "invalid-key");
+    s.get("/logs/a%00b").await.problem(404, "unknown-log");
+    s.get("/kv/a%00b").await.problem(404, "unknown-key");
+    // Values are bytes: any UTF-8 body comes back as it was sent.
+    assert_eq!(s.put("/kv/nul", Some("1"), "a\0b").await.status, 201);
+    assert_eq!(s.get("/kv/nul").await.body, json!({"key": "nul", "token": 1, "value": "a\u{0}b"}));
     s.stop().await;
 }

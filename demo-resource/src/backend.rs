@@ -1,0 +1,148 @@
+//! Where the logs and key-value pairs live: one redb file (or memory) for one
+//! process ([`store`](crate::store)), or PostgreSQL shared by every replica
+//! ([`postgres`](crate::postgres)). The handlers see only [`Backend`].
+//!
+//! Every write takes `wait`, the request's `?delay_ms`, and awaits it where a
+//! stalled write would be stalled: for redb before the write transaction (redb
+//! has one writer per database, so a held transaction would stall every key);
+//! for PostgreSQL inside the transaction, after the fence, so a stalled stale
+//! write holds the key's mark row as a real one would.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use fencing_postgres::FenceError;
+
+use crate::postgres::PgData;
+use crate::store::{Data, Entry};
+
+/// The data of a resource.
+#[derive(Debug, Clone)]
+pub(crate) enum Backend {
+    /// One process's data (`--data-dir`, `--in-memory`).
+    Redb(Arc<Data>),
+    /// Data shared by every replica (`--postgres`).
+    Postgres(PgData),
+}
+
+/// Why a data operation failed.
+#[derive(Debug)]
+pub(crate) enum DataError {
+    /// redb: the token is below the highest one already written for the resource.
+    Stale { presented: u64, highest: u64 },
+    /// redb failed.
+    Storage(redb::Error),
+    /// The blocking task running a redb operation panicked.
+    Task(tokio::task::JoinError),
+    /// PostgreSQL refused (a stale token) or failed; answered as fencing-postgres does.
+    Postgres(FenceError),
+}
+
+impl From<FenceError> for DataError {
+    fn from(error: FenceError) -> Self {
+        Self::Postgres(error)
+    }
+}
+
+impl fmt::Display for DataError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Stale { presented, highest } => {
+                write!(f, "fencing token {presented} is below {highest}, already written here")
+            }
+            Self::Storage(error) => write!(f, "storage failed: {error}"),
+            Self::Task(error) => write!(f, "storage task failed: {error}"),
+            Self::Postgres(error) => error.fmt(f),
+        }
+    }
+}
+
+impl Backend {
+    /// Appends `value` to log `name` (resource key `resource`); returns its index.
+    pub(crate) async fn append(
+        &self,
+        resource: &str,
+        name: &str,
+        token: Option<u64>,
+        value: String,
+        wait: impl Future<Output = ()>,
+    ) -> Result<u64, DataError> {
+        match self {
+            Self::Redb(data) => {
+                wait.await;
+                let (resource, name) = (resource.to_owned(), name.to_owned());
+                blocking(data, move |data| data.append(&resource, &name, token, &value)).await
+            }
+            Self::Postgres(pg) => Ok(pg.append(resource, name, token, &value, wait).await?),
+        }
+    }
+
+    /// The entries of log `name` in append order, or `None` if nothing was ever appended.
+    pub(crate) async fn log(&self, name: &str) -> Result<Option<Vec<Entry>>, DataError> {
+        match self {
+            Self::Redb(data) => {
+                let name = name.to_owned();
+                blocking(data, move |data| data.log(&name)).await
+            }
+            Self::Postgres(pg) => Ok(pg.log(name).await?),
+        }
+    }
+
+    /// Sets `key` to `value`; returns whether the key is new.
+    pub(crate) async fn put(
+        &self,
+        resource: &str,
+        key: &str,
+        token: Option<u64>,
+        value: String,
+        wait: impl Future<Output = ()>,
+    ) -> Result<bool, DataError> {
+        match self {
+            Self::Redb(data) => {
+                wait.await;
+                let (resource, key) = (resource.to_owned(), key.to_owned());
+                blocking(data, move |data| data.put(&resource, &key, token, &value)).await
+            }
+            Self::Postgres(pg) => Ok(pg.put(resource, key, token, &value, wait).await?),
+        }
+    }
+
+    /// The value of `key`, if set.
+    pub(crate) async fn get(&self, key: &str) -> Result<Option<Entry>, DataError> {
+        match self {
+            Self::Redb(data) => {
+                let key = key.to_owned();
+                blocking(data, move |data| data.get(&key)).await
+            }
+            Self::Postgres(pg) => Ok(pg.get(key).await?),
+        }
+    }
+
+    /// Removes `key`; returns whether it was set.
+    pub(crate) async fn delete(
+        &self,
+        resource: &str,
+        key: &str,
+        token: Option<u64>,
+        wait: impl Future<Output = ()>,
+    ) -> Result<bool, DataError> {
+        match self {
+            Self::Redb(data) => {
+                wait.await;
+                let (resource, key) = (resource.to_owned(), key.to_owned());
+                blocking(data, move |data| data.delete(&resource, &key, token)).await
+            }
+            Self::Postgres(pg) => Ok(pg.delete(resource, key, token, wait).await?),
+        }
+    }
+}
+
+/// Runs a blocking redb operation off the async threads.
+async fn blocking<T: Send + 'static>(
+    data: &Arc<Data>,
+    op: impl FnOnce(&Data) -> Result<T, DataError> + Send + 'static,
+) -> Result<T, DataError> {
+    let data = Arc::clone(data);
+    tokio::task::spawn_blocking(move || op(&data)).await.map_err(DataError::Task)?
+}

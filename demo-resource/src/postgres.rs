@@ -8,8 +8,8 @@
 //! BEGIN                                     -- round trip 1
 //!   fence(resource, token)                  -- 2: locks the key's mark row; lower token: 409, roll back
 //!   ?delay_ms                               -- a stalled write holds the row, as a real one would
-//!   INSERT … / UPDATE … / DELETE …          -- 3: one statement
-//! COMMIT                                    -- 4: data and mark together; the row unlocks
+//!   INSERT … / UPDATE … / DELETE …          -- 2 as well without a delay (sent behind the fence), else 3
+//! COMMIT                                    -- data and mark together; the row unlocks
 //! ```
 //!
 //! The fence key is the resource path (`/logs/billing`, `/kv/k`), the layer's
@@ -116,11 +116,31 @@ impl PgData {
         }
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
-        if let (Some(fence), Some(token)) = (&self.fence, token) {
-            fence.fence(&tx, resource, token).await?;
-        }
-        wait.await;
-        let rows = tx.query_typed(statement, params).await?;
+        let mut wait = std::pin::pin!(wait);
+        // No `delay_ms`: the write goes out right behind the fence, in the same
+        // round trip. The server runs them in order, and a refused fence aborts
+        // the transaction, so the write never applies without the fence.
+        let no_delay =
+            std::future::poll_fn(|cx| std::task::Poll::Ready(wait.as_mut().poll(cx).is_ready())).await;
+        let rows = match (&self.fence, token) {
+            (Some(fence), Some(token)) if no_delay => {
+                let (_, rows) = tokio::try_join!(async { fence.fence(&tx, resource, token).await }, async {
+                    tx.query_typed(statement, params).await.map_err(FenceError::from)
+                },)?;
+                rows
+            }
+            (Some(fence), Some(token)) => {
+                fence.fence(&tx, resource, token).await?;
+                wait.await; // not ready above, so not finished yet
+                tx.query_typed(statement, params).await?
+            }
+            _ => {
+                if !no_delay {
+                    wait.await;
+                }
+                tx.query_typed(statement, params).await?
+            }
+        };
         tx.commit().await?;
         Ok(rows)
     }

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use crate::store::sync::OwnedNotified;
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
@@ -16,8 +15,8 @@ use tower_service::Service;
 use crate::layer::Shared;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
-use crate::service::respond;
 use crate::store::admission::{Admission, InsideGuard, KeyState, RecordDuty, WaitFor};
+use crate::store::sync::OwnedNotified;
 use crate::store::{SharedAdmission, SharedPermit, SharedRefusal, StoreError};
 use crate::token::FencingToken;
 use tokio::time::Instant;
@@ -229,7 +228,7 @@ where
     R: RejectionResponder<ResBody>,
 {
     fn rejected(shared: &Shared<E, R>, rejection: Rejection) -> Self {
-        Self::Rejected { response: Some(respond(&shared.responder, rejection)) }
+        Self::Rejected { response: Some(rejection.respond_with(&shared.responder)) }
     }
 
     fn enter(
@@ -313,7 +312,7 @@ where
                                     presented: watching.token.get(),
                                     highest,
                                 };
-                                let response = respond(&watching.shared.responder, rejection);
+                                let response = rejection.respond_with(&watching.shared.responder);
                                 // Drops the inner future, then the guard.
                                 kind.set(Kind::Finished);
                                 return Poll::Ready(Ok(response));
@@ -385,7 +384,7 @@ where
                             }
                         }
                     };
-                    let response = respond(&pending.shared.responder, rejection);
+                    let response = rejection.respond_with(&pending.shared.responder);
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
                 }
@@ -421,7 +420,7 @@ where
                             pending.store_unavailable(error)
                         }
                     };
-                    let response = respond(&pending.shared.responder, rejection);
+                    let response = rejection.respond_with(&pending.shared.responder);
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
                 }

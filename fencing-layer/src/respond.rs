@@ -145,3 +145,27 @@ impl<B: From<Bytes>> RejectionResponder<B> for ProblemJson {
         response
     }
 }
+
+impl Rejection {
+    /// The layer's response for this rejection: `responder`'s, plus
+    /// `Retry-After` where it applies and the rejection itself in the
+    /// extensions, with one log line. For a handler or a store that refuses
+    /// a request as the layer would (`fencing-postgres` does).
+    pub fn respond_with<B, R: RejectionResponder<B>>(self, responder: &R) -> Response<B> {
+        tracing::info!(
+            kind = self.kind(),
+            status = self.status().as_u16(),
+            key = ?self.key(),
+            presented = self.presented(),
+            highest = self.highest(),
+            "fenced request rejected"
+        );
+        let mut response = responder.respond(&self);
+        if let Some(after) = self.retry_after() {
+            let seconds = after.as_secs().saturating_add(u64::from(after.subsec_nanos() > 0));
+            response.headers_mut().insert(http::header::RETRY_AFTER, seconds.max(1).into());
+        }
+        response.extensions_mut().insert(self);
+        response
+    }
+}

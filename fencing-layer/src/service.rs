@@ -168,23 +168,3 @@ fn admitted(config: &Config, key: Cow<'_, str>, token: FencingToken) -> Option<S
     tracing::debug!(key = ?key, token = token.get(), "fenced request admitted");
     config.watches_in_flight().then(|| key.into_owned())
 }
-
-/// The response for `rejection`: the responder's, plus `Retry-After` where it
-/// applies and the typed rejection in the extensions.
-pub(crate) fn respond<B, R: RejectionResponder<B>>(responder: &R, rejection: Rejection) -> Response<B> {
-    tracing::info!(
-        kind = rejection.kind(),
-        status = rejection.status().as_u16(),
-        key = ?rejection.key(),
-        presented = rejection.presented(),
-        highest = rejection.highest(),
-        "fenced request rejected"
-    );
-    let mut response = responder.respond(&rejection);
-    if let Some(after) = rejection.retry_after() {
-        let seconds = after.as_secs().saturating_add(u64::from(after.subsec_nanos() > 0));
-        response.headers_mut().insert(http::header::RETRY_AFTER, seconds.max(1).into());
-    }
-    response.extensions_mut().insert(rejection);
-    response
-}

@@ -4,7 +4,7 @@
 use axum::body::Body;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use fencing_layer::{PROBLEM_TYPE_PREFIX, ProblemJson, RejectionResponder};
+use fencing_layer::{PROBLEM_TYPE_PREFIX, ProblemJson};
 use serde::Serialize;
 
 use crate::error::FenceError;
@@ -31,17 +31,7 @@ impl IntoResponse for FenceError {
     /// log, never to the client.
     fn into_response(self) -> Response {
         if let Some(rejection) = self.rejection() {
-            tracing::info!(
-                kind = rejection.kind(),
-                status = rejection.status().as_u16(),
-                key = ?rejection.key(),
-                presented = rejection.presented(),
-                highest = rejection.highest(),
-                "fenced transaction refused"
-            );
-            let mut response: Response = ProblemJson.respond(&rejection);
-            response.extensions_mut().insert(rejection);
-            return response;
+            return rejection.respond_with(&ProblemJson);
         }
         let (status, kind, title, detail) = if self.is_retryable() {
             tracing::warn!(error = %self, "fenced transaction failed: answering 503");

@@ -19,6 +19,7 @@ use crate::store::admission::{Admission, InsideGuard, KeyState, RecordDuty, Wait
 use crate::store::sync::OwnedNotified;
 use crate::store::{SharedAdmission, SharedPermit, SharedRefusal, StoreError};
 use crate::token::FencingToken;
+use crate::verify::{Raise, Verification, VerifyError};
 use tokio::time::Instant;
 
 pin_project! {
@@ -105,6 +106,7 @@ pin_project! {
     enum Wake {
         Notified { #[pin] notified: OwnedNotified, waiting_for: WaitFor },
         Recorded { reply: oneshot::Receiver<Result<(), StoreError>> },
+        Verifying { verification: Verification },
     }
 }
 
@@ -114,6 +116,7 @@ impl Wake {
         match self {
             Self::Notified { waiting_for, .. } => *waiting_for,
             Self::Recorded { .. } => WaitFor::Write,
+            Self::Verifying { .. } => WaitFor::Verify,
         }
     }
 }
@@ -138,6 +141,12 @@ pin_project! {
     }
 }
 
+/// Why a waiting request's wake-up refused it.
+enum Refused {
+    Store(StoreError),
+    Verifier(VerifyError),
+}
+
 /// A request that is not inside yet, with the readied service that will take it.
 struct Pending<S, B, E, R> {
     inner: S,
@@ -145,6 +154,8 @@ struct Pending<S, B, E, R> {
     token: FencingToken,
     key: String,
     shared: Arc<Shared<E, R>>,
+    /// The verifier has accepted this request's raise.
+    verified: bool,
 }
 
 impl<S, B, E, R, ResBody> ResponseFuture<S, B, E, R>
@@ -183,10 +194,11 @@ where
         state: Arc<KeyState>,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        let pending = Pending { inner, request, token, key, shared: Arc::clone(shared) };
+        let pending = Pending { inner, request, token, key, shared: Arc::clone(shared), verified: false };
         let wake = match admission {
             Admission::Wait(notified, waiting_for) => Wake::Notified { notified, waiting_for },
             Admission::Record(duty) => pending.record(duty),
+            Admission::Verify { mark } => pending.verify(mark),
             Admission::Enter(_) | Admission::Stale { .. } => {
                 unreachable!("enter and stale are answered in `call`")
             }
@@ -207,7 +219,7 @@ where
     ) -> Self {
         // The store bounds its own waits; this bounds the store.
         let deadline = tokio::time::sleep_until(deadline_after(shared.config.shared_store_bound()));
-        let pending = Pending { inner, request, token, key, shared: Arc::clone(shared) };
+        let pending = Pending { inner, request, token, key, shared: Arc::clone(shared), verified: false };
         let waiting = Box::pin(SharedWaiting { admission, deadline, pending: Some(pending) });
         Self::from(Kind::SharedAdmitting { waiting })
     }
@@ -260,6 +272,31 @@ where
 impl<S, B, E, R> Pending<S, B, E, R> {
     fn record(&self, duty: RecordDuty) -> Wake {
         Wake::Recorded { reply: self.shared.config.store.record(&self.key, duty) }
+    }
+
+    /// Asks the verifier about raising the mark from `mark` to this request's token.
+    fn verify(&self, mark: u64) -> Wake {
+        let raise = Raise::new(&self.key, self.token.get(), mark, self.request.headers());
+        let verification = match &self.shared.config.verifier {
+            Some(verifier) => verifier.0.verify(&raise),
+            None => Verification::unavailable("no verifier is configured"),
+        };
+        Wake::Verifying { verification }
+    }
+
+    fn unverified(&self, error: VerifyError) -> Rejection {
+        let (key, presented) = (self.key.clone(), self.token.get());
+        match error {
+            VerifyError::Refused(reason) => {
+                Rejection::Unverified { key, presented, reason: reason.into_owned() }
+            }
+            VerifyError::Unavailable(reason) => Rejection::VerifierUnavailable {
+                key,
+                presented,
+                reason: reason.into_owned(),
+                retry_after: self.shared.config.retry_after,
+            },
+        }
     }
 
     fn stale(&self, highest: u64) -> Rejection {
@@ -327,12 +364,18 @@ where
                     let waiting = waiting.as_mut().project();
                     let (mut wake, deadline, slot) = (waiting.wake, waiting.deadline, waiting.pending);
                     let state = &*waiting.state;
-                    let Some(pending) = slot.as_ref() else { unreachable!("taken only on entering") };
+                    let Some(pending) = slot.as_mut() else { unreachable!("taken only on entering") };
                     let waited_for = wake.bound();
                     let woken = match wake.as_mut().project() {
                         WakeProj::Notified { notified, .. } => notified.poll(cx).map(Ok),
-                        WakeProj::Recorded { reply } => {
-                            Pin::new(reply).poll(cx).map(|reply| reply.unwrap_or(Err(StoreError::Closed)))
+                        WakeProj::Recorded { reply } => Pin::new(reply)
+                            .poll(cx)
+                            .map(|reply| reply.unwrap_or(Err(StoreError::Closed)).map_err(Refused::Store)),
+                        WakeProj::Verifying { verification } => {
+                            Pin::new(verification).poll(cx).map(|answer| {
+                                pending.verified = answer.is_ok();
+                                answer.map_err(Refused::Verifier)
+                            })
                         }
                     };
                     let config = &pending.shared.config;
@@ -343,16 +386,23 @@ where
                                 WaitFor::Write => pending
                                     .store_unavailable(StoreError::Timeout(config.store.write_timeout())),
                                 WaitFor::Drain => pending.drain_timeout(),
+                                WaitFor::Verify => pending.unverified(VerifyError::Unavailable(
+                                    format!("no answer within {:?}", config.verify_timeout).into(),
+                                )),
                             }
                         }
-                        Poll::Ready(Err(error)) => match state.mark() {
+                        Poll::Ready(Err(Refused::Verifier(error))) => pending.unverified(error),
+                        Poll::Ready(Err(Refused::Store(error))) => match state.mark() {
                             // Overtaken while writing: stale is the truer answer.
                             highest if highest > pending.token.get() => pending.stale(highest),
                             _ => pending.store_unavailable(error),
                         },
                         Poll::Ready(Ok(())) => {
-                            let durable = config.store.is_durable();
-                            match state.admit(&pending.key, pending.token.get(), durable) {
+                            match state.admit(
+                                &pending.key,
+                                pending.token.get(),
+                                config.rules(pending.verified),
+                            ) {
                                 Admission::Wait(notified, waiting_for) => {
                                     // A new bound when the wait changes kind (the write is
                                     // done, the drain begins); the same bound otherwise.
@@ -366,6 +416,12 @@ where
                                     // The previous write failed: this request writes, with its own bound.
                                     deadline.reset(deadline_after(config.store.write_timeout()));
                                     wake.set(pending.record(duty));
+                                    continue;
+                                }
+                                Admission::Verify { mark } => {
+                                    // An operator reset the mark below this token while it waited.
+                                    deadline.reset(deadline_after(config.verify_timeout));
+                                    wake.set(pending.verify(mark));
                                     continue;
                                 }
                                 Admission::Enter(guard) => {

@@ -11,8 +11,10 @@ use crate::key::PathKey;
 use crate::methods::MethodSet;
 use crate::respond::ProblemJson;
 use crate::service::Fencing;
+use crate::store::admission::Rules;
 use crate::store::admission::WaitFor;
 use crate::store::{MarkStore, SharedStore};
+use crate::verify::{DEFAULT_VERIFY_TIMEOUT, TokenVerifier};
 
 /// The header that carries the token unless configured otherwise: `Fencing-Token`.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
@@ -65,6 +67,19 @@ pub(crate) struct Config {
     pub(crate) store: MarkStore,
     /// When set, every fenced request is decided here instead of in `store`.
     pub(crate) shared_store: Option<SharedStoreHandle>,
+    /// When set, asked before any token raises a mark.
+    pub(crate) verifier: Option<VerifierHandle>,
+    pub(crate) verify_timeout: Duration,
+}
+
+/// A [`TokenVerifier`] in the configuration: shared, and debug-printable.
+#[derive(Clone)]
+pub(crate) struct VerifierHandle(pub(crate) Arc<dyn TokenVerifier>);
+
+impl fmt::Debug for VerifierHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenVerifier")
+    }
 }
 
 /// A [`SharedStore`] in the configuration: shared, and debug-printable.
@@ -87,7 +102,13 @@ impl Config {
         match what {
             WaitFor::Drain => self.drain_timeout,
             WaitFor::Write => self.store.write_timeout(),
+            WaitFor::Verify => self.verify_timeout,
         }
+    }
+
+    /// What a raise needs here, for a request whose token is `verified` or not yet.
+    pub(crate) fn rules(&self, verified: bool) -> Rules {
+        Rules { durable: self.store.is_durable(), verify: self.verifier.is_some() && !verified }
     }
 
     /// How long a shared store may take to decide: its drain, then a write's worth.
@@ -117,6 +138,8 @@ impl FencingLayer {
             policy: InFlightPolicy::Drain,
             store: MarkStore::in_memory(),
             shared_store: None,
+            verifier: None,
+            verify_timeout: DEFAULT_VERIFY_TIMEOUT,
         };
         Self::from_parts(PathKey, ProblemJson, config)
     }
@@ -203,6 +226,21 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
         self.with(|s| s.shared_store = Some(store))
     }
 
+    /// Asks `verifier` before any token raises a mark, and only then: a
+    /// refused raise gets 403, a verifier that cannot answer 503, and the mark
+    /// stays as it was. Equal and lower tokens never reach it, so the common
+    /// request costs nothing more. See [`TokenVerifier`].
+    pub fn verifier(self, verifier: impl TokenVerifier) -> Self {
+        let verifier = VerifierHandle(Arc::new(verifier));
+        self.with(|s| s.verifier = Some(verifier))
+    }
+
+    /// How long a raise waits for the verifier's answer before it gets 503
+    /// (default [`DEFAULT_VERIFY_TIMEOUT`]). The drain bound starts after it.
+    pub fn verify_timeout(self, timeout: Duration) -> Self {
+        self.with(|s| s.verify_timeout = timeout)
+    }
+
     /// Keys requests with `extractor` instead of by path.
     pub fn key_extractor<E2>(self, extractor: E2) -> FencingLayer<E2, R> {
         let Shared { responder, config, .. } = Arc::unwrap_or_clone(self.shared);
@@ -233,6 +271,8 @@ impl<E, R> fmt::Debug for FencingLayer<E, R> {
             .field("policy", &s.policy)
             .field("store", &s.store)
             .field("shared_store", &s.shared_store)
+            .field("verifier", &s.verifier)
+            .field("verify_timeout", &s.verify_timeout)
             .finish_non_exhaustive()
     }
 }

@@ -146,6 +146,7 @@
 //!
 //! - `axum`: [`FencingToken`] as an extractor; `PathParamKey`, keying by one path parameter.
 //! - `redb`: [`RedbMarkLog`] and [`MarkStore::open`].
+//! - `ed25519`: tokens signed by the lock service: `Ed25519Verifier` and `ProofSigner`.
 //!
 //! The crate needs a tokio runtime with the time driver (as `#[tokio::main]`
 //! gives) for the drain timeout.
@@ -159,17 +160,22 @@ mod future;
 mod key;
 mod layer;
 mod methods;
+#[cfg(feature = "ed25519")]
+mod proof;
 mod rejection;
 mod respond;
 mod service;
 mod store;
 mod token;
+mod verify;
 
 #[cfg(feature = "axum")]
 pub use crate::axum::{MissingFencingToken, PathParamKey};
 pub use crate::future::ResponseFuture;
 pub use crate::key::{GlobalKey, HeaderKey, KeyExtractor, PathKey};
 pub use crate::layer::{DEFAULT_DRAIN_TIMEOUT, FENCING_TOKEN, FencingLayer, InFlightPolicy};
+#[cfg(feature = "ed25519")]
+pub use crate::proof::{Ed25519Verifier, FENCING_PROOF, KeyError, ProofPublicKey, ProofSigner};
 pub use crate::rejection::Rejection;
 pub use crate::respond::{PROBLEM_TYPE_PREFIX, ProblemJson, RejectionResponder};
 pub use crate::service::Fencing;
@@ -180,3 +186,6 @@ pub use crate::store::{
     SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError,
 };
 pub use crate::token::{FencingToken, TokenError};
+pub use crate::verify::{
+    DEFAULT_VERIFY_TIMEOUT, Raise, TokenVerifier, Verification, VerifyError, VerifyFn, verify_fn,
+};

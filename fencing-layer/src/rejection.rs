@@ -57,6 +57,28 @@ pub enum Rejection {
         /// How long the client should wait before retrying.
         retry_after: Duration,
     },
+    /// The token would have raised the key's mark, and the layer's
+    /// [`TokenVerifier`](crate::TokenVerifier) refused it (403). The mark is unchanged.
+    Unverified {
+        /// The resource key.
+        key: String,
+        /// The token the request carried.
+        presented: u64,
+        /// Why the verifier refused it.
+        reason: String,
+    },
+    /// The token would have raised the key's mark, and the verifier could not
+    /// answer, or not within the verify bound (503). The mark is unchanged.
+    VerifierUnavailable {
+        /// The resource key.
+        key: String,
+        /// The token the request carried.
+        presented: u64,
+        /// What went wrong.
+        reason: String,
+        /// How long the client should wait before retrying.
+        retry_after: Duration,
+    },
     /// A new key arrived while the key table was full (503). Marks are never
     /// evicted: forgetting one would readmit its stale holders.
     KeyTableFull {
@@ -85,9 +107,11 @@ impl Rejection {
             Self::MissingToken => StatusCode::PRECONDITION_REQUIRED,
             Self::InvalidToken(_) | Self::MissingKey | Self::KeyTooLong { .. } => StatusCode::BAD_REQUEST,
             Self::Stale { .. } | Self::Cancelled { .. } => StatusCode::CONFLICT,
-            Self::DrainTimeout { .. } | Self::KeyTableFull { .. } | Self::StoreUnavailable { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Unverified { .. } => StatusCode::FORBIDDEN,
+            Self::DrainTimeout { .. }
+            | Self::KeyTableFull { .. }
+            | Self::StoreUnavailable { .. }
+            | Self::VerifierUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -102,6 +126,8 @@ impl Rejection {
             Self::KeyTooLong { .. } => "key-too-long",
             Self::Stale { .. } => "stale-token",
             Self::Cancelled { .. } => "cancelled",
+            Self::Unverified { .. } => "unverified-token",
+            Self::VerifierUnavailable { .. } => "verifier-unavailable",
             Self::DrainTimeout { .. } => "drain-timeout",
             Self::KeyTableFull { .. } => "key-table-full",
             Self::StoreUnavailable { .. } => "store-unavailable",
@@ -115,7 +141,9 @@ impl Rejection {
             Self::Stale { key, .. }
             | Self::Cancelled { key, .. }
             | Self::DrainTimeout { key, .. }
-            | Self::StoreUnavailable { key, .. } => Some(key),
+            | Self::StoreUnavailable { key, .. }
+            | Self::Unverified { key, .. }
+            | Self::VerifierUnavailable { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -127,7 +155,9 @@ impl Rejection {
             Self::Stale { presented, .. }
             | Self::Cancelled { presented, .. }
             | Self::DrainTimeout { presented, .. }
-            | Self::StoreUnavailable { presented, .. } => Some(*presented),
+            | Self::StoreUnavailable { presented, .. }
+            | Self::Unverified { presented, .. }
+            | Self::VerifierUnavailable { presented, .. } => Some(*presented),
             _ => None,
         }
     }
@@ -145,9 +175,9 @@ impl Rejection {
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::DrainTimeout { retry_after, .. } | Self::StoreUnavailable { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            Self::DrainTimeout { retry_after, .. }
+            | Self::StoreUnavailable { retry_after, .. }
+            | Self::VerifierUnavailable { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -172,6 +202,12 @@ impl fmt::Display for Rejection {
                 "token {presented} for {key} was not admitted in time: \
                  requests with lower tokens, or the write of the raise, were still in progress"
             ),
+            Self::Unverified { key, presented, reason } => {
+                write!(f, "fencing token {presented} may not raise the mark of {key}: {reason}")
+            }
+            Self::VerifierUnavailable { key, presented, reason, .. } => {
+                write!(f, "fencing token {presented} for {key} could not be verified: {reason}")
+            }
             Self::KeyTableFull { limit } => {
                 write!(f, "the fencing key table is full ({limit} keys)")
             }

@@ -132,6 +132,8 @@ fn title(rejection: &Rejection) -> &'static str {
         Rejection::DrainTimeout { .. } => "Older requests still in flight",
         Rejection::KeyTableFull { .. } => "Fencing key table full",
         Rejection::StoreUnavailable { .. } => "Fencing store unavailable",
+        Rejection::Unverified { .. } => "Unverified fencing token",
+        Rejection::VerifierUnavailable { .. } => "Fencing token verifier unavailable",
     }
 }
 

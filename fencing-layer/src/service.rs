@@ -136,7 +136,7 @@ where
                 return ResponseFuture::rejected(shared, rejection);
             }
         };
-        match state.admit(&key, token.get(), config.store.is_durable()) {
+        match state.admit(&key, token.get(), config.rules(false)) {
             Admission::Enter(guard) => {
                 let key = admitted(config, key, token);
                 ResponseFuture::enter(&mut self.inner, request, token, key, guard, shared)

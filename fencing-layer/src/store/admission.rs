@@ -76,7 +76,26 @@ pub(crate) enum Admission {
     /// Write the raise to the durable log (the duty is this request's alone),
     /// then ask again.
     Record(RecordDuty),
+    /// The token would raise the mark from `mark`: have it verified, then ask
+    /// again as verified. Nothing changed.
+    Verify { mark: u64 },
 }
+
+/// What a raise needs before it happens, as the layer is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rules {
+    /// A raise is recorded in the durable log before it is admitted.
+    pub(crate) durable: bool,
+    /// A raise is verified first (and this request's token has not been yet).
+    pub(crate) verify: bool,
+}
+
+/// In-memory marks, no verifier (for the tests and the loom model).
+#[cfg(test)]
+pub(crate) const LOCAL: Rules = Rules { durable: false, verify: false };
+/// Durable marks, no verifier.
+#[cfg(test)]
+pub(crate) const DURABLE: Rules = Rules { durable: true, verify: false };
 
 /// What a waiting request waits for, and so which bound applies to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +104,8 @@ pub(crate) enum WaitFor {
     Drain,
     /// Another request's durable write of this raise: the write bound.
     Write,
+    /// The verifier's answer on this request's raise: the verify bound.
+    Verify,
 }
 
 /// The mark and in-flight bookkeeping of one resource key.
@@ -101,6 +122,8 @@ struct Marks {
     recorded: u64,
     recording: u64,
     inside: u64,
+    /// Live [`RecordDuty`]s: while any is, a write for this key may be in flight.
+    duties: u32,
     wake: Option<Arc<Notify>>,
 }
 
@@ -123,7 +146,14 @@ impl KeyState {
         Self {
             gate: AtomicU32::new(0),
             open_token: AtomicU64::new(0),
-            marks: Mutex::new(Marks { mark, recorded: mark, recording: mark, inside: 0, wake: None }),
+            marks: Mutex::new(Marks {
+                mark,
+                recorded: mark,
+                recording: mark,
+                inside: 0,
+                duties: 0,
+                wake: None,
+            }),
         }
     }
 
@@ -150,26 +180,28 @@ impl KeyState {
         None
     }
 
-    /// Decides what a request carrying `token` may do. `durable` says whether a
-    /// raise must be recorded before it is admitted.
-    pub(crate) fn admit(self: &Arc<Self>, key: &str, token: u64, durable: bool) -> Admission {
+    /// Decides what a request carrying `token` may do under `rules`.
+    pub(crate) fn admit(self: &Arc<Self>, key: &str, token: u64, rules: Rules) -> Admission {
         let mut m = self.lock();
         let old = m.mark;
-        let admission = self.decide(&mut m, token, durable);
+        let admission = self.decide(&mut m, token, rules);
         drop(m);
-        if token > old {
+        if token > old && !matches!(admission, Admission::Verify { .. }) {
             tracing::info!(key = ?key, old, new = token, "fencing mark raised");
         }
         admission
     }
 
-    fn decide(self: &Arc<Self>, m: &mut Marks, token: u64, durable: bool) -> Admission {
+    fn decide(self: &Arc<Self>, m: &mut Marks, token: u64, rules: Rules) -> Admission {
         if token < m.mark {
             return Admission::Stale { highest: m.mark };
         }
         if token > m.mark {
+            if rules.verify {
+                return Admission::Verify { mark: m.mark };
+            }
             self.raise(m, token);
-            if !durable {
+            if !rules.durable {
                 m.recorded = token;
                 m.recording = token;
             }
@@ -181,6 +213,7 @@ impl KeyState {
         if token > m.recorded {
             if token > m.recording {
                 m.recording = token;
+                m.duties += 1;
                 return Admission::Record(RecordDuty { state: Arc::clone(self), token, ok: false });
             }
             return Admission::Wait(m.notified(), WaitFor::Write);
@@ -234,6 +267,7 @@ impl KeyState {
     /// A [`RecordDuty`] for `token` is discharged: written if `ok`, else handed back.
     fn recorded(&self, token: u64, ok: bool) {
         let mut m = self.lock();
+        m.duties -= 1;
         if ok {
             m.recorded = m.recorded.max(token);
         } else if m.recording == token {
@@ -272,6 +306,47 @@ impl KeyState {
             m.wake_waiters();
         }
         m.mark
+    }
+}
+
+/// Why [`KeyState::reset`] did not reset a mark.
+#[derive(Debug)]
+pub(crate) enum ResetRefused<E> {
+    /// A raise of this key is being recorded; try again once it is.
+    Recording,
+    /// The durable log did not take the new mark; nothing changed.
+    Log(E),
+}
+
+impl KeyState {
+    /// Sets the mark to `to`, up or down: an operator's deliberate repair (a
+    /// forged token bricked the key, or the lock service's counter started
+    /// over). Returns the old mark. `write` makes `to` durable first; it runs
+    /// under the key's lock, when no raise of this key is being recorded, so
+    /// no write of an older raise can land after it.
+    ///
+    /// Requests inside stay inside, and the rules go on from the new mark: a
+    /// token other than theirs still waits for them to leave, so no two
+    /// holders are ever inside at once. Monotonic admission restarts from `to`.
+    pub(crate) fn reset<E>(
+        &self,
+        to: u64,
+        write: impl FnOnce() -> Result<(), E>,
+    ) -> Result<u64, ResetRefused<E>> {
+        let mut m = self.lock();
+        if m.duties > 0 {
+            return Err(ResetRefused::Recording);
+        }
+        write().map_err(ResetRefused::Log)?;
+        let old = m.mark;
+        // Close the fast path: it admits the old mark, which may be the forged token.
+        self.gate.fetch_and(!OPEN, Ordering::AcqRel);
+        m.mark = to;
+        m.recorded = to;
+        m.recording = to;
+        // Waiters decide again from the new mark.
+        m.wake_waiters();
+        Ok(old)
     }
 }
 
@@ -332,7 +407,7 @@ mod tests {
 
     /// Admits `token` and keeps its place until the returned guard is dropped.
     fn enter(state: &Arc<KeyState>, token: u64) -> Option<InsideGuard> {
-        match state.admit("k", token, false) {
+        match state.admit("k", token, LOCAL) {
             Admission::Enter(guard) => Some(guard),
             _ => None,
         }
@@ -343,11 +418,11 @@ mod tests {
         let state = Arc::new(KeyState::new(0));
         let first = enter(&state, 1).unwrap();
         let second = enter(&state, 1).unwrap();
-        assert!(matches!(state.admit("k", 2, false), Admission::Wait(_, WaitFor::Drain)));
+        assert!(matches!(state.admit("k", 2, LOCAL), Admission::Wait(_, WaitFor::Drain)));
         // The raise already happened: token 1 is stale now, even though it is inside.
-        assert!(matches!(state.admit("k", 1, false), Admission::Stale { highest: 2 }));
+        assert!(matches!(state.admit("k", 1, LOCAL), Admission::Stale { highest: 2 }));
         drop(first);
-        assert!(matches!(state.admit("k", 2, false), Admission::Wait(_, WaitFor::Drain)));
+        assert!(matches!(state.admit("k", 2, LOCAL), Admission::Wait(_, WaitFor::Drain)));
         drop(second);
         assert!(enter(&state, 2).is_some());
         assert_eq!(state.mark(), 2);
@@ -363,47 +438,47 @@ mod tests {
     #[test]
     fn a_durable_raise_is_recorded_once_before_anyone_enters() {
         let state = Arc::new(KeyState::new(3));
-        let first = duty(state.admit("k", 5, true));
+        let first = duty(state.admit("k", 5, DURABLE));
         assert_eq!(first.token(), 5);
-        let Admission::Wait(woken, WaitFor::Write) = state.admit("k", 5, true) else {
+        let Admission::Wait(woken, WaitFor::Write) = state.admit("k", 5, DURABLE) else {
             panic!("5 is being written")
         };
         drop(first);
         // The failed write wakes the waiters, and the next request retries it.
         assert!(fired(woken));
-        let mut second = duty(state.admit("k", 5, true));
-        let Admission::Wait(woken, WaitFor::Write) = state.admit("k", 5, true) else {
+        let mut second = duty(state.admit("k", 5, DURABLE));
+        let Admission::Wait(woken, WaitFor::Write) = state.admit("k", 5, DURABLE) else {
             panic!("5 is being written")
         };
         second.succeeded();
         drop(second);
         assert!(fired(woken));
-        assert!(matches!(state.admit("k", 5, true), Admission::Enter(_)));
-        assert!(matches!(state.admit("k", 3, true), Admission::Stale { highest: 5 }));
+        assert!(matches!(state.admit("k", 5, DURABLE), Admission::Enter(_)));
+        assert!(matches!(state.admit("k", 3, DURABLE), Admission::Stale { highest: 5 }));
     }
 
     #[test]
     fn a_duty_dropped_in_a_panic_is_handed_back() {
         let state = Arc::new(KeyState::new(0));
-        let admission = state.admit("k", 7, true);
+        let admission = state.admit("k", 7, DURABLE);
         let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
             let _admission = admission;
             panic!("the request panicked before submitting its write");
         }));
         assert!(unwound.is_err());
-        assert_eq!(duty(state.admit("k", 7, true)).token(), 7, "the token was stranded");
+        assert_eq!(duty(state.admit("k", 7, DURABLE)).token(), 7, "the token was stranded");
     }
 
     #[test]
     fn seeding_a_pending_token_wakes_its_waiters() {
         let state = Arc::new(KeyState::new(0));
-        let _writing = duty(state.admit("k", 4, true));
-        let Admission::Wait(woken, WaitFor::Write) = state.admit("k", 4, true) else {
+        let _writing = duty(state.admit("k", 4, DURABLE));
+        let Admission::Wait(woken, WaitFor::Write) = state.admit("k", 4, DURABLE) else {
             panic!("4 is being written")
         };
         assert_eq!(state.seed(4), 4, "the mark was already 4");
         assert!(fired(woken), "the waiter sleeps although 4 is durable");
-        assert!(matches!(state.admit("k", 4, true), Admission::Enter(_)));
+        assert!(matches!(state.admit("k", 4, DURABLE), Admission::Enter(_)));
     }
 
     /// Whether a wake-up has fired, without waiting for it.
@@ -424,11 +499,11 @@ mod tests {
         assert!(state.try_enter(6).is_none());
 
         // A raise closes it at once: the old token no longer gets in, not even fast.
-        let Admission::Wait(raise_waits, WaitFor::Drain) = state.admit("k", 6, false) else {
+        let Admission::Wait(raise_waits, WaitFor::Drain) = state.admit("k", 6, LOCAL) else {
             panic!("5 is inside")
         };
         assert!(state.try_enter(5).is_none());
-        assert!(matches!(state.admit("k", 5, false), Admission::Stale { highest: 6 }));
+        assert!(matches!(state.admit("k", 5, LOCAL), Admission::Stale { highest: 6 }));
         assert!(state.try_enter(6).is_none(), "6 must wait for 5 to drain");
 
         // The last fast entrant out wakes the raise, which then enters and reopens for 6.
@@ -444,7 +519,7 @@ mod tests {
     #[test]
     fn a_durable_raise_opens_the_fast_path_only_once_recorded() {
         let state = Arc::new(KeyState::new(3));
-        let mut writing = duty(state.admit("k", 5, true));
+        let mut writing = duty(state.admit("k", 5, DURABLE));
         assert!(state.try_enter(5).is_none());
         writing.succeeded();
         drop(writing);
@@ -457,7 +532,7 @@ mod tests {
         let state = Arc::new(KeyState::new(0));
         let _inside = enter(&state, 4).unwrap();
         assert!(state.watch(4).is_ok());
-        assert!(matches!(state.admit("k", 9, false), Admission::Wait(_, WaitFor::Drain)));
+        assert!(matches!(state.admit("k", 9, LOCAL), Admission::Wait(_, WaitFor::Drain)));
         assert_eq!(state.watch(4).err(), Some(9));
     }
 }

@@ -36,6 +36,22 @@ pub trait MarkLog: Send + Sync + 'static {
     ///
     /// Nothing of the batch can be relied on; the raising requests get 503.
     fn record(&self, raises: &[(&str, u64)]) -> Result<(), StoreError>;
+
+    /// Makes `to` the mark of `key`, lower or higher, durably: an operator's
+    /// repair ([`MarkStore::reset`](super::MarkStore::reset)). The store calls
+    /// it only while no raise of `key` is being recorded.
+    ///
+    /// # Errors
+    ///
+    /// The mark could not be written; the default refuses, for logs that
+    /// cannot overwrite.
+    fn reset(&self, key: &str, to: u64) -> Result<(), StoreError> {
+        let _ = (key, to);
+        Err(StoreError::log(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "this mark log cannot reset a mark",
+        )))
+    }
 }
 
 /// At most this many raises go into one write.

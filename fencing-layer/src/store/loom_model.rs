@@ -22,7 +22,7 @@ use std::sync::Arc;
 use loom::future::block_on;
 use loom::thread;
 
-use super::admission::{Admission, InsideGuard, KeyState};
+use super::admission::{Admission, DURABLE, InsideGuard, KeyState, LOCAL, Rules};
 
 /// The checker's own state: plain std types, outside what loom explores.
 #[derive(Default)]
@@ -121,7 +121,7 @@ impl Model {
             return self.inside(guard, token, stay);
         }
         loop {
-            match self.state.admit("k", token, self.durable) {
+            match self.state.admit("k", token, Rules { durable: self.durable, verify: false }) {
                 Admission::Enter(guard) => return self.inside(guard, token, stay),
                 Admission::Stale { highest } => {
                     assert!(highest > token);
@@ -227,10 +227,10 @@ fn loom_model_equal_tokens_share_a_raise_waits_for_all() {
 fn loom_model_abandoned_waiters_block_nobody() {
     explore(|| {
         let model = Model::new(false);
-        let inside = model.state.admit("k", 1, false);
+        let inside = model.state.admit("k", 1, LOCAL);
         let Admission::Enter(guard) = inside else { panic!("an idle key admits") };
         let abandoned = model.spawn(|m| {
-            if let Admission::Wait(notified, _) = m.state.admit("k", 2, false) {
+            if let Admission::Wait(notified, _) = m.state.admit("k", 2, LOCAL) {
                 drop(notified);
             }
             Outcome::Abandoned
@@ -280,7 +280,7 @@ fn loom_model_durable_raise_chain() {
 fn loom_model_cancel_policy_overtakes_the_holder_inside() {
     explore(|| {
         let model = Model::new(false);
-        let Admission::Enter(guard) = model.state.admit("k", 1, false) else { panic!("an idle key admits") };
+        let Admission::Enter(guard) = model.state.admit("k", 1, LOCAL) else { panic!("an idle key admits") };
         let holder = model.spawn(move |m| m.inside(guard, 1, Inside::WatchedUntilOvertaken));
         assert_eq!(model.request(2), Outcome::Admitted);
         assert_eq!(holder.join().unwrap(), Outcome::Cancelled);
@@ -293,7 +293,7 @@ fn loom_model_cancel_policy_overtakes_the_holder_inside() {
 fn loom_model_a_seed_wakes_the_waiters_of_a_pending_write() {
     explore(|| {
         let model = Model::new(true);
-        let Admission::Record(duty) = model.state.admit("k", 4, true) else { panic!("4 is a raise") };
+        let Admission::Record(duty) = model.state.admit("k", 4, DURABLE) else { panic!("4 is a raise") };
         let waiter = model.spawn(|m| m.request(4));
         model.ledger.wrote(4);
         assert_eq!(model.state.seed(4), 4);

@@ -41,7 +41,7 @@ use dashmap::DashMap;
 use dashmap::mapref::entry::Entry;
 use tokio::sync::oneshot;
 
-use self::admission::{InsideGuard, KeyState, RecordDuty};
+use self::admission::{InsideGuard, KeyState, RecordDuty, ResetRefused};
 pub use self::log::MarkLog;
 #[cfg(feature = "redb")]
 pub use self::redb::RedbMarkLog;
@@ -142,6 +142,57 @@ impl MarkStore {
     #[must_use]
     pub fn mark(&self, key: &str) -> Option<u64> {
         self.table.keys.get(key).map(|state| state.mark())
+    }
+
+    /// Every key and its mark, sorted by key: what an operator lists.
+    #[must_use]
+    pub fn marks(&self) -> Vec<(String, u64)> {
+        let mut marks: Vec<(String, u64)> =
+            self.table.keys.iter().map(|entry| (entry.key().to_string(), entry.value().mark())).collect();
+        marks.sort_unstable();
+        marks
+    }
+
+    /// Sets the mark of `key` to `to`, lower or higher, and returns the old
+    /// mark (`None` for a key never seen): the deliberate repair of a key that
+    /// a forged or foreign token bricked, or of every key after a lock-service
+    /// migration whose counter starts over. Logged at `warn` with the key, the
+    /// old and the new mark.
+    ///
+    /// Lowering a mark readmits the tokens between `to` and the old mark:
+    /// only reset once their holders are gone. Requests inside stay inside
+    /// and no other token joins them; the rules carry on from `to`.
+    ///
+    /// With a durable log this writes to it on the calling thread (from async
+    /// code, call it inside `spawn_blocking`), under the key's lock.
+    ///
+    /// ```
+    /// use fencing_layer::MarkStore;
+    ///
+    /// let store = MarkStore::in_memory();
+    /// store.seed("/logs/billing", u64::MAX).unwrap(); // a forged token got in
+    /// assert_eq!(store.reset("/logs/billing", 41).unwrap(), Some(u64::MAX));
+    /// assert_eq!(store.mark("/logs/billing"), Some(41));
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// A raise of the key is being recorded right now ([`StoreError::Busy`]:
+    /// try again), the log could not write the new mark (nothing changed),
+    /// or the key is new and the table is full.
+    pub fn reset(&self, key: &str, to: u64) -> Result<Option<u64>, StoreError> {
+        let known = self.table.keys.contains_key(key);
+        let state = self.key_state(key)?;
+        let write = || match &self.table.durable {
+            Some(durable) => durable.log.reset(key, to),
+            None => Ok(()),
+        };
+        let old = state.reset(to, write).map_err(|refused| match refused {
+            ResetRefused::Recording => StoreError::Busy,
+            ResetRefused::Log(error) => error,
+        })?;
+        tracing::warn!(key = ?key, old, new = to, "fencing mark reset");
+        Ok(known.then_some(old))
     }
 
     /// Raises the mark of `key` to at least `token` and returns the mark, as if
@@ -343,6 +394,8 @@ pub enum StoreError {
     Log(Arc<dyn std::error::Error + Send + Sync>),
     /// The log writer has stopped.
     Closed,
+    /// A raise of the key is being recorded; a reset has to wait for it.
+    Busy,
 }
 
 impl StoreError {
@@ -360,6 +413,7 @@ impl fmt::Display for StoreError {
             Self::Timeout(after) => write!(f, "the mark log did not confirm the write within {after:?}"),
             Self::Log(error) => write!(f, "the mark log failed: {error}"),
             Self::Closed => f.write_str("the mark log writer has stopped"),
+            Self::Busy => f.write_str("a raise of this key is being recorded; try again"),
         }
     }
 }
@@ -380,7 +434,7 @@ impl PartialEq for StoreError {
             (Self::KeyTooLong { limit: a }, Self::KeyTooLong { limit: b }) => a == b,
             (Self::Timeout(a), Self::Timeout(b)) => a == b,
             (Self::Log(a), Self::Log(b)) => Arc::ptr_eq(a, b) || a.to_string() == b.to_string(),
-            (Self::Closed, Self::Closed) => true,
+            (Self::Closed, Self::Closed) | (Self::Busy, Self::Busy) => true,
             _ => false,
         }
     }

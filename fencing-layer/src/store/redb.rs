@@ -74,4 +74,13 @@ impl MarkLog for RedbMarkLog {
         }
         txn.commit().map_err(StoreError::log)
     }
+
+    fn reset(&self, key: &str, to: u64) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(StoreError::log)?;
+        {
+            let mut table = txn.open_table(MARKS).map_err(StoreError::log)?;
+            table.insert(key, to).map_err(StoreError::log)?;
+        }
+        txn.commit().map_err(StoreError::log)
+    }
 }

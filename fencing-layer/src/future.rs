@@ -92,9 +92,12 @@ pin_project! {
 }
 
 pin_project! {
-    /// A request waiting for a shared store: its decision, the layer's outer bound, and itself.
+    /// A request waiting for a shared store: the verifier's answer first where
+    /// its token is new here, then the store's decision, the layer's bound on
+    /// whichever it waits for, and itself.
     struct SharedWaiting<S, B, E, R> {
-        admission: SharedAdmission,
+        verification: Option<Verification>,
+        admission: Option<SharedAdmission>,
         #[pin]
         deadline: Sleep,
         pending: Option<Pending<S, B, E, R>>,
@@ -198,7 +201,7 @@ where
         let wake = match admission {
             Admission::Wait(notified, waiting_for) => Wake::Notified { notified, waiting_for },
             Admission::Record(duty) => pending.record(duty),
-            Admission::Verify { mark } => pending.verify(mark),
+            Admission::Verify { mark } => Wake::Verifying { verification: pending.verify(mark) },
             Admission::Enter(_) | Admission::Stale { .. } => {
                 unreachable!("enter and stale are answered in `call`")
             }
@@ -208,19 +211,25 @@ where
         Self::from(Kind::Admitting { waiting })
     }
 
-    /// Waits for a shared store's decision on the request, then calls `inner` or refuses.
+    /// Waits for a shared store's decision on the request, then calls `inner` or
+    /// refuses. With a verifier, a token above the highest this process has
+    /// verified for the key is verified first (see [`Pending::shared_floor`]).
     pub(crate) fn shared(
-        admission: SharedAdmission,
         inner: S,
         request: Request<B>,
         token: FencingToken,
         key: String,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        // The store bounds its own waits; this bounds the store.
-        let deadline = tokio::time::sleep_until(deadline_after(shared.config.shared_store_bound()));
         let pending = Pending { inner, request, token, key, shared: Arc::clone(shared), verified: false };
-        let waiting = Box::pin(SharedWaiting { admission, deadline, pending: Some(pending) });
+        let config = &shared.config;
+        let (verification, admission, bound) = match pending.shared_floor() {
+            Some(floor) if token.get() > floor => (Some(pending.verify(floor)), None, config.verify_timeout),
+            _ => (None, Some(pending.admit_shared()), config.shared_store_bound()),
+        };
+        // The store bounds its own waits; this bounds the store.
+        let deadline = tokio::time::sleep_until(deadline_after(bound));
+        let waiting = Box::pin(SharedWaiting { verification, admission, deadline, pending: Some(pending) });
         Self::from(Kind::SharedAdmitting { waiting })
     }
 }
@@ -275,13 +284,28 @@ impl<S, B, E, R> Pending<S, B, E, R> {
     }
 
     /// Asks the verifier about raising the mark from `mark` to this request's token.
-    fn verify(&self, mark: u64) -> Wake {
+    fn verify(&self, mark: u64) -> Verification {
         let raise = Raise::new(&self.key, self.token.get(), mark, self.request.headers());
-        let verification = match &self.shared.config.verifier {
+        match &self.shared.config.verifier {
             Some(verifier) => verifier.0.verify(&raise),
             None => Verification::unavailable("no verifier is configured"),
-        };
-        Wake::Verifying { verification }
+        }
+    }
+
+    /// With a shared store and a verifier: the highest token verified for the
+    /// key by this process, which the local mark store keeps. A token at or
+    /// below it goes to the shared store unverified; that is safe because the
+    /// verified token's lock holder, and every later one, holds a token at
+    /// least as high, so such a raise can lock no honest holder out.
+    fn shared_floor(&self) -> Option<u64> {
+        let config = &self.shared.config;
+        config.verifier.as_ref().map(|_| config.store.mark(&self.key).unwrap_or(0))
+    }
+
+    fn admit_shared(&self) -> SharedAdmission {
+        let config = &self.shared.config;
+        let Some(store) = &config.shared_store else { unreachable!("only called with a shared store") };
+        store.0.admit(&self.key, self.token.get(), config.drain_timeout)
     }
 
     fn unverified(&self, error: VerifyError) -> Rejection {
@@ -421,7 +445,7 @@ where
                                 Admission::Verify { mark } => {
                                     // An operator reset the mark below this token while it waited.
                                     deadline.reset(deadline_after(config.verify_timeout));
-                                    wake.set(pending.verify(mark));
+                                    wake.set(Wake::Verifying { verification: pending.verify(mark) });
                                     continue;
                                 }
                                 Admission::Enter(guard) => {
@@ -445,11 +469,43 @@ where
                     return Poll::Ready(Ok(response));
                 }
                 KindProj::SharedAdmitting { waiting } => {
-                    let waiting = waiting.as_mut().project();
+                    let mut waiting = waiting.as_mut().project();
                     let Some(pending) = waiting.pending.as_ref() else {
                         unreachable!("taken only on entering")
                     };
-                    let rejection = match waiting.admission.as_mut().poll(cx) {
+                    let config = &pending.shared.config;
+                    if let Some(verification) = waiting.verification.as_mut() {
+                        let rejection = match Pin::new(verification).poll(cx) {
+                            Poll::Pending => {
+                                ready!(waiting.deadline.as_mut().poll(cx));
+                                let reason = format!("no answer within {:?}", config.verify_timeout);
+                                pending.unverified(VerifyError::Unavailable(reason.into()))
+                            }
+                            Poll::Ready(Err(error)) => pending.unverified(error),
+                            // Remember the verified token here, so that the holder's
+                            // next requests go straight to the store.
+                            Poll::Ready(Ok(())) => match config.store.seed(&pending.key, pending.token.get())
+                            {
+                                Ok(_) => {
+                                    *waiting.verification = None;
+                                    *waiting.admission = Some(pending.admit_shared());
+                                    let bound = config.shared_store_bound();
+                                    waiting.deadline.as_mut().reset(deadline_after(bound));
+                                    continue;
+                                }
+                                Err(StoreError::KeyTableFull { limit }) => Rejection::KeyTableFull { limit },
+                                Err(StoreError::KeyTooLong { limit }) => Rejection::KeyTooLong { limit },
+                                Err(error) => pending.store_unavailable(error),
+                            },
+                        };
+                        let response = rejection.respond_with(&pending.shared.responder);
+                        kind.set(Kind::Finished);
+                        return Poll::Ready(Ok(response));
+                    }
+                    let Some(admission) = waiting.admission.as_mut() else {
+                        unreachable!("set after verifying")
+                    };
+                    let rejection = match admission.as_mut().poll(cx) {
                         Poll::Pending => {
                             ready!(waiting.deadline.poll(cx));
                             let bound = pending.shared.config.shared_store_bound();

@@ -44,6 +44,8 @@
 //! | token == highest seen | admitted |
 //! | token > highest seen | the mark rises at once; admitted once no lower-token request for the key is inside the inner service |
 //! | that drain outlasts [`FencingLayer::drain_timeout`] | 503 with `Retry-After`; the mark stays raised |
+//! | a raise the [`FencingLayer::verifier`] refuses | 403; the mark is unchanged |
+//! | a raise the verifier cannot answer within [`FencingLayer::verify_timeout`] | 503 with `Retry-After`; the mark is unchanged |
 //! | a new key while the key table is full | 503; marks are never evicted |
 //! | the durable log cannot record a raise within [`MarkStoreBuilder::write_timeout`] (the drain bound starts after it) | 503; nothing admitted |
 //!

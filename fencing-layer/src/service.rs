@@ -112,11 +112,10 @@ where
         let Some(key) = shared.extractor.extract(&request) else {
             return ResponseFuture::rejected(shared, Rejection::MissingKey);
         };
-        if let Some(store) = &config.shared_store {
+        if config.shared_store.is_some() {
             let key = key.into_owned();
-            let admission = store.0.admit(&key, token.get(), config.drain_timeout);
             let inner = take_readied(&mut self.inner);
-            return ResponseFuture::shared(admission, inner, request, token, key, shared);
+            return ResponseFuture::shared(inner, request, token, key, shared);
         }
         let state = match config.store.find(&key, token.get()) {
             Ok(Found::Entered(guard)) => {

@@ -99,7 +99,9 @@ impl Store {
 
     /// Takes the next token from the counter and records the lease (with that token)
     /// as the grant of lock `name`, replacing any previous grant of `name`; in the
-    /// same transaction, forgets the expired grants of the locks in `expired`.
+    /// same transaction (and before that record), forgets the expired grants of the
+    /// locks in `expired` (which may include `name`). The counter is a row of its
+    /// own: forgetting grants never lowers it.
     /// Returns the token once the transaction is durably committed.
     pub(crate) fn grant(
         &self,
@@ -107,7 +109,7 @@ impl Store {
         lease_id: &str,
         holder: &str,
         ttl_ms: u64,
-        expired: &[String],
+        expired: &[&str],
     ) -> Result<u64, StoreError> {
         let mut txn = self.db.begin_write().map_err(db_err)?;
         txn.set_durability(Durability::Immediate).map_err(db_err)?;
@@ -126,10 +128,10 @@ impl Store {
             })
             .map_err(|e| StoreError::Db(e.to_string()))?;
             let mut leases = txn.open_table(LEASES).map_err(db_err)?;
-            leases.insert(name, record.as_slice()).map_err(db_err)?;
             for old in expired {
-                leases.remove(old.as_str()).map_err(db_err)?;
+                leases.remove(*old).map_err(db_err)?;
             }
+            leases.insert(name, record.as_slice()).map_err(db_err)?;
         }
         txn.commit().map_err(db_err)?;
         Ok(token)

@@ -17,6 +17,12 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
 const NEXT_TOKEN: &str = "next_token";
 
+/// redb's page cache. The store is write-mostly (it is read once, at start-up), and
+/// redb's default cache (1 GiB) keeps the pages it writes, so the service's memory
+/// grew with the file: about 1 KiB per lease. 4 MiB keeps the B-tree's upper
+/// levels; the operating system's page cache serves the rest (BENCHMARKS.md §9).
+const CACHE_BYTES: usize = 4 << 20;
+
 /// The file name inside the data directory.
 pub(crate) const DB_FILE: &str = "locks.redb";
 
@@ -70,7 +76,7 @@ impl Store {
     pub(crate) fn open(dir: &Path) -> Result<Loaded, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let path: PathBuf = dir.join(DB_FILE);
-        let db = Database::create(&path).map_err(db_err)?;
+        let db = Database::builder().set_cache_size(CACHE_BYTES).create(&path).map_err(db_err)?;
         // Make the new file's directory entry durable too (cheap; matters on first start).
         File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))?;
 

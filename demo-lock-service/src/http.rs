@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::{AcquireError, LockService, MAX_BODY_BYTES, ceil_ms};
+use crate::{AcquireError, LockService, MAX_BODY_BYTES, TokenCheck, ceil_ms, check_text};
 
 /// The prefix of every problem `type` URI this service emits.
 const PROBLEM_TYPE_PREFIX: &str = "urn:fencing:problem:";
@@ -26,6 +26,7 @@ pub(crate) fn router(service: LockService) -> Router {
         .route("/v1/leases/{lease_id}/keepalive", post(keepalive))
         .route("/v1/leases/{lease_id}", delete(release))
         .route("/v1/locks/{name}", get(lock_status))
+        .route("/v1/locks/{name}/tokens/{token}", get(check_token))
         .route("/healthz", get(healthz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -198,6 +199,8 @@ struct GrantBody<'a> {
     holder: &'a str,
     token: u64,
     ttl_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    proof: Option<&'a str>,
 }
 
 #[derive(Serialize)]
@@ -234,6 +237,7 @@ async fn acquire(State(service): State<LockService>, StrictJson(body): StrictJso
                     holder: &grant.holder,
                     token: grant.token,
                     ttl_ms: body.ttl_ms,
+                    proof: grant.proof.as_deref(),
                 },
             );
             if let Ok(location) = HeaderValue::from_str(&format!("/v1/leases/{}", grant.lease_id)) {
@@ -253,6 +257,17 @@ async fn acquire(State(service): State<LockService>, StrictJson(body): StrictJso
             p.extra.insert("holder".into(), Value::String(holder));
             p.extra.insert("expires_in_ms".into(), Value::from(expires_in_ms));
             p.retry_after_secs = Some(expires_in_ms.div_ceil(1000));
+            p.into_response()
+        }
+        Err(AcquireError::Full { max_leases, retry_after }) => {
+            let mut p = Problem::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "lease-table-full",
+                "Too many leases held",
+                format!("{max_leases} leases are held, the most this service keeps; none was evicted"),
+            );
+            p.extra.insert("max_leases".into(), Value::from(max_leases));
+            p.retry_after_secs = Some(ceil_ms(retry_after).div_ceil(1000).max(1));
             p.into_response()
         }
         Err(AcquireError::Unavailable(detail)) => Problem::unavailable(detail).into_response(),
@@ -296,6 +311,53 @@ async fn lock_status(State(service): State<LockService>, ApiPath(name): ApiPath<
         )
         .into_response(),
     }
+}
+
+/// The answer of the token check: `valid` plus, when valid, the time left on the
+/// lease, and when not, why (`"free"`: not held; `"other-token"`: held under
+/// another token).
+#[derive(Serialize)]
+struct CheckBody<'a> {
+    lock: &'a str,
+    token: u64,
+    valid: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    expires_in_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<&'static str>,
+}
+
+async fn check_token(
+    State(service): State<LockService>,
+    ApiPath((name, token)): ApiPath<(String, String)>,
+) -> Response {
+    if let Err(AcquireError::Invalid(detail)) = check_text("lock name", &name) {
+        return Problem::bad_request(detail).into_response();
+    }
+    let Some(token) = parse_token(&token) else {
+        return Problem::bad_request(format!(
+            "token {token:?} is not a canonical decimal u64 (digits only, no leading zeros, at most 18446744073709551615)"
+        ))
+        .into_response();
+    };
+    let check = service.check_token(&name, token);
+    let (expires_in_ms, reason) = match check {
+        TokenCheck::Live { expires_in } => (Some(ceil_ms(expires_in)), None),
+        TokenCheck::Free => (None, Some("free")),
+        TokenCheck::OtherToken => (None, Some("other-token")),
+    };
+    json_response(
+        StatusCode::OK,
+        CheckBody { lock: &name, token, valid: check.is_valid(), expires_in_ms, reason },
+    )
+}
+
+/// A fencing token as the fencing layer accepts it: ASCII digits, no sign, no
+/// leading zeros (`0` itself is fine), no overflow.
+fn parse_token(s: &str) -> Option<u64> {
+    let canonical =
+        !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && (s == "0" || !s.starts_with('0'));
+    if canonical { s.parse().ok() } else { None }
 }
 
 async fn healthz() -> &'static str {

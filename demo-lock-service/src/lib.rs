@@ -7,10 +7,26 @@
 //! | `POST /v1/leases` `{"name","holder","ttl_ms"}` | 201 `{"lease_id","name","holder","token","ttl_ms"}` | 409 held by another (`holder`, `expires_in_ms`, `Retry-After`); 400 bad input; 413 body too large; 415 not JSON |
 //! | `POST /v1/leases/{lease_id}/keepalive` | 200 `{"lease_id","token","ttl_ms"}` (token unchanged) | 404 expired, released or unknown |
 //! | `DELETE /v1/leases/{lease_id}` | 204 | 404 |
+//! | `POST /v1/leases` when [`Config::max_leases`] leases are held | | 503 `lease-table-full` with `Retry-After` |
 //! | `GET /v1/locks/{name}` | 200 `{"name","holder","token","expires_in_ms"}` | 404 free |
+//! | `GET /v1/locks/{name}/tokens/{token}` | 200 `{"lock","token","valid":true,"expires_in_ms"}` or `{"lock","token","valid":false,"reason"}` | 400 bad name or token |
 //! | `GET /healthz` | 200 | |
 //!
 //! Every error body is an RFC 9457 `application/problem+json` object.
+//!
+//! * With a signing key ([`Config::with_signer`], `--signing-key FILE`), every grant
+//!   also carries `"proof"`: the lock service's Ed25519 signature over (lock name,
+//!   token) in the format of [`fencing_layer::ProofSigner::sign`], which a resource
+//!   checks with [`fencing_layer::Ed25519Verifier`] before a token raises its mark.
+//! * The token check (Chubby's CheckSequencer) answers `valid: true` exactly when the
+//!   lock is held right now, unexpired, under that token ([`LockService::check_token`]).
+//!   A forged higher token fails; a stale holder never needs it (a resource asks only
+//!   before a raise).
+//! * At most [`Config::max_leases`] leases are held at once (default
+//!   [`DEFAULT_MAX_LEASES`]). A grant that would need one more is refused with 503 and
+//!   `Retry-After`; a live lease is never evicted. Expired leases are forgotten (in
+//!   memory and on disk) by later grants, oldest expiry first, so their slots are
+//!   reused; released leases are forgotten at once.
 //!
 //! * Expiry is decided on tokio's monotonic [`Instant`] (so tests can pause time).
 //! * Tokens come from one counter in a redb file; a grant (new counter value and the
@@ -41,7 +57,7 @@ mod http;
 mod shutdown;
 mod store;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -54,6 +70,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+pub use fencing_layer::ProofSigner;
 pub use shutdown::shutdown_signal;
 use store::{Store, StoreError};
 
@@ -64,8 +81,15 @@ pub const MAX_BODY_BYTES: usize = 4096;
 /// Default longest TTL a client may ask for: one hour.
 pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(3600);
 
-/// At most this many expired leases of other locks are forgotten per grant.
+/// Default bound on leases held at once ([`Config::max_leases`]).
+pub const DEFAULT_MAX_LEASES: usize = 100_000;
+
+/// At most this many expired leases are forgotten per grant.
 const SWEEP_PER_GRANT: usize = 64;
+
+/// `Retry-After` of a refusal for a full lease table is at most this long: a release
+/// can free a slot before the earliest expiry.
+const FULL_RETRY_AFTER_MAX: Duration = Duration::from_secs(60);
 
 const CLOSED: &str = "the lock service is shut down";
 
@@ -76,12 +100,35 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Longest TTL a client may ask for; longer requests get 400.
     pub max_ttl: Duration,
+    /// Most leases held at once; a grant that needs one more gets 503 (a live lease
+    /// is never evicted). Leases restored at start-up count, even past the bound.
+    pub max_leases: usize,
+    /// Signs every grant's (lock name, token) when set: the grant's `proof`.
+    pub signer: Option<ProofSigner>,
 }
 
 impl Config {
-    /// A configuration with the given data directory and the default maximum TTL.
+    /// A configuration with the given data directory, the default maximum TTL, the
+    /// default bound on leases and no signing key.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
-        Config { data_dir: data_dir.into(), max_ttl: DEFAULT_MAX_TTL }
+        Config {
+            data_dir: data_dir.into(),
+            max_ttl: DEFAULT_MAX_TTL,
+            max_leases: DEFAULT_MAX_LEASES,
+            signer: None,
+        }
+    }
+
+    /// Sets the most leases held at once.
+    pub fn with_max_leases(mut self, max_leases: usize) -> Self {
+        self.max_leases = max_leases;
+        self
+    }
+
+    /// Signs every grant with `signer` (see [`Grant::proof`]).
+    pub fn with_signer(mut self, signer: ProofSigner) -> Self {
+        self.signer = Some(signer);
+        self
     }
 
     /// Sets the longest TTL a client may ask for.
@@ -104,6 +151,9 @@ pub struct Grant {
     pub token: u64,
     /// The lease's time to live.
     pub ttl: Duration,
+    /// With a signing key: [`ProofSigner::sign`] of (`name`, `token`), the value a
+    /// client sends as `Fencing-Proof`.
+    pub proof: Option<String>,
 }
 
 /// A successful keepalive.
@@ -130,8 +180,30 @@ pub struct LockStatus {
     pub expires_in: Duration,
 }
 
+/// The answer of [`LockService::check_token`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenCheck {
+    /// The lock is held right now, unexpired, under exactly this token.
+    Live {
+        /// Time left on the lease unless renewed.
+        expires_in: Duration,
+    },
+    /// The lock is not held: never acquired, released, or its lease expired.
+    Free,
+    /// The lock is held under another token (higher or lower).
+    OtherToken,
+}
+
+impl TokenCheck {
+    /// Whether the token is the lock's current, live grant.
+    pub fn is_valid(&self) -> bool {
+        matches!(self, TokenCheck::Live { .. })
+    }
+}
+
 /// Why an acquisition failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AcquireError {
     /// The request is invalid (empty or too long name/holder, bad TTL, ...).
     Invalid(String),
@@ -141,6 +213,13 @@ pub enum AcquireError {
         holder: String,
         /// Time left on its lease.
         expires_in: Duration,
+    },
+    /// [`Config::max_leases`] leases are held and none has expired; nothing was granted.
+    Full {
+        /// The bound.
+        max_leases: usize,
+        /// When to try again: until the earliest live lease expires, at most a minute.
+        retry_after: Duration,
     },
     /// The durable store failed or the token counter is exhausted; nothing was granted.
     Unavailable(String),
@@ -152,6 +231,9 @@ impl fmt::Display for AcquireError {
             AcquireError::Invalid(d) => write!(f, "invalid request: {d}"),
             AcquireError::Held { holder, expires_in } => {
                 write!(f, "held by {holder:?} for another {expires_in:?}")
+            }
+            AcquireError::Full { max_leases, .. } => {
+                write!(f, "{max_leases} leases are held, the most this service keeps")
             }
             AcquireError::Unavailable(d) => write!(f, "unavailable: {d}"),
         }
@@ -184,37 +266,75 @@ impl fmt::Display for StorageError {
 
 impl std::error::Error for StorageError {}
 
-/// A live lease in memory.
+/// A lease id: 128 random bits, shown as 32 lowercase hex characters.
+type LeaseId = u128;
+
+/// A lease in memory (live, or expired and not yet forgotten).
 #[derive(Debug)]
 struct Live {
-    lease_id: String,
-    holder: String,
+    lease_id: LeaseId,
+    holder: Box<str>,
     token: u64,
     ttl: Duration,
     expires: Instant,
 }
 
 /// The in-memory lock table. Only ever locked for short, await-free sections.
+///
+/// One entry per lease in each map; the name is shared (`Arc<str>`), so a lease
+/// costs its name and holder once plus a fixed overhead (BENCHMARKS.md §9).
 #[derive(Debug, Default)]
 struct Table {
     /// lock name → its current (possibly expired) lease.
-    by_name: HashMap<String, Live>,
+    by_name: HashMap<Arc<str>, Live>,
     /// lease id → lock name.
-    by_id: HashMap<String, String>,
+    by_id: HashMap<LeaseId, Arc<str>>,
+    /// (expiry, token) → lock name, earliest expiry first: expired leases are found
+    /// without a scan. Tokens are unique, so keys are too.
+    by_expiry: BTreeMap<(Instant, u64), Arc<str>>,
 }
 
 impl Table {
-    fn insert(&mut self, name: String, live: Live) {
-        self.by_id.insert(live.lease_id.clone(), name.clone());
+    fn insert(&mut self, name: Arc<str>, live: Live) {
+        self.by_id.insert(live.lease_id, Arc::clone(&name));
+        self.by_expiry.insert((live.expires, live.token), Arc::clone(&name));
         if let Some(old) = self.by_name.insert(name, live) {
             self.by_id.remove(&old.lease_id);
+            self.by_expiry.remove(&(old.expires, old.token));
         }
     }
 
-    fn remove_by_id(&mut self, lease_id: &str) -> Option<(String, Live)> {
-        let name = self.by_id.remove(lease_id)?;
+    fn remove_by_id(&mut self, lease_id: LeaseId) -> Option<(Arc<str>, Live)> {
+        let name = self.by_id.remove(&lease_id)?;
         let live = self.by_name.remove(&name)?;
+        self.by_expiry.remove(&(live.expires, live.token));
         Some((name, live))
+    }
+
+    /// Moves the expiry of `name`'s lease to `expires`.
+    fn renew(&mut self, name: &Arc<str>, expires: Instant) {
+        if let Some(live) = self.by_name.get_mut(name) {
+            if let Some(n) = self.by_expiry.remove(&(live.expires, live.token)) {
+                self.by_expiry.insert((expires, live.token), n);
+            }
+            live.expires = expires;
+        }
+    }
+
+    /// Up to `limit` leases expired at `now`, earliest first: (name, lease id).
+    fn expired(&self, now: Instant, limit: usize) -> Vec<(Arc<str>, LeaseId)> {
+        self.by_expiry
+            .iter()
+            .take_while(|((expires, _), _)| *expires <= now)
+            .take(limit)
+            .filter_map(|(_, name)| self.by_name.get(name).map(|l| (Arc::clone(name), l.lease_id)))
+            .collect()
+    }
+
+    /// The earliest expiry after `now`, if any lease is live.
+    fn next_expiry(&self, now: Instant) -> Option<Instant> {
+        use std::ops::Bound::{Excluded, Unbounded};
+        self.by_expiry.range((Excluded((now, u64::MAX)), Unbounded)).next().map(|((e, _), _)| *e)
     }
 }
 
@@ -250,6 +370,9 @@ impl LockService {
         let now = Instant::now();
         let mut table = Table::default();
         for (name, lease) in loaded.leases {
+            let Some(lease_id) = parse_lease_id(&lease.lease_id) else {
+                return Err(OpenError(format!("corrupt lease id {:?} for lock {name:?}", lease.lease_id)));
+            };
             let ttl = Duration::from_millis(lease.ttl_ms);
             tracing::info!(
                 name,
@@ -259,10 +382,10 @@ impl LockService {
                 "restored lease"
             );
             table.insert(
-                name,
+                name.into(),
                 Live {
-                    lease_id: lease.lease_id,
-                    holder: lease.holder,
+                    lease_id,
+                    holder: lease.holder.into(),
                     token: lease.token,
                     ttl,
                     expires: expiry(now, ttl),
@@ -313,25 +436,29 @@ impl LockService {
     /// Renews lease `lease_id`: it now expires its TTL from now. `None` if the lease
     /// is expired, released, replaced or unknown. No disk I/O.
     pub fn keepalive(&self, lease_id: &str) -> Option<Renewal> {
+        let id = parse_lease_id(lease_id)?;
         let now = Instant::now();
         let mut table = lock(&self.inner.table);
-        let name = table.by_id.get(lease_id)?.clone();
-        let live = table.by_name.get_mut(&name)?;
-        if live.lease_id != lease_id || live.expires <= now {
+        let name = Arc::clone(table.by_id.get(&id)?);
+        let live = table.by_name.get(&name)?;
+        if live.lease_id != id || live.expires <= now {
             return None;
         }
-        live.expires = expiry(now, live.ttl);
-        Some(Renewal { lease_id: live.lease_id.clone(), token: live.token, ttl: live.ttl })
+        let (token, ttl) = (live.token, live.ttl);
+        table.renew(&name, expiry(now, ttl));
+        Some(Renewal { lease_id: lease_id.to_owned(), token, ttl })
     }
 
     /// Releases lease `lease_id` (durably). `Ok(true)` if it was live and is now
     /// released; `Ok(false)` if it was expired, released, replaced or unknown (an
     /// expired lease's record is cleaned up all the same).
     pub async fn release(&self, lease_id: &str) -> Result<bool, StorageError> {
+        let Some(lease_id) = parse_lease_id(lease_id) else {
+            return Ok(false);
+        };
         let now = Instant::now();
         let inner = Arc::clone(&self.inner);
-        let lease_id = lease_id.to_owned();
-        tokio::task::spawn_blocking(move || inner.release_blocking(now, &lease_id))
+        tokio::task::spawn_blocking(move || inner.release_blocking(now, lease_id))
             .await
             .map_err(|e| StorageError(e.to_string()))?
     }
@@ -346,10 +473,33 @@ impl LockService {
         }
         Some(LockStatus {
             name: name.to_owned(),
-            holder: live.holder.clone(),
+            holder: live.holder.to_string(),
             token: live.token,
             expires_in: live.expires - now,
         })
+    }
+
+    /// Whether `token` is the current, live grant of lock `name` (Chubby's
+    /// CheckSequencer). A resource asks this before letting `token` raise its mark:
+    /// a forged higher token is never a live grant, and a holder whose lease has
+    /// lapsed may not raise a mark either. (A stale token is refused by the
+    /// resource's own mark; it never needs asking.) No disk I/O.
+    pub fn check_token(&self, name: &str, token: u64) -> TokenCheck {
+        let now = Instant::now();
+        let table = lock(&self.inner.table);
+        match table.by_name.get(name) {
+            Some(live) if live.expires > now && live.token == token => {
+                TokenCheck::Live { expires_in: live.expires - now }
+            }
+            Some(live) if live.expires > now => TokenCheck::OtherToken,
+            _ => TokenCheck::Free,
+        }
+    }
+
+    /// Leases in memory: the held ones, and expired ones not yet forgotten (at most
+    /// [`Config::max_leases`] in all, unless more were restored at start-up).
+    pub fn leases_in_memory(&self) -> usize {
+        lock(&self.inner.table).by_name.len()
     }
 
     /// Closes the durable store, so the data directory can be opened again (by a
@@ -409,77 +559,86 @@ impl Inner {
         let Some(store) = guard.as_ref() else {
             return Err(AcquireError::Unavailable(CLOSED.into()));
         };
-        let expired: Vec<(String, String)> = {
+        let (name, expired): (Arc<str>, Vec<(Arc<str>, LeaseId)>) = {
             let table = lock(&self.table);
-            if let Some(cur) = table.by_name.get(&name)
+            let current = table.by_name.get_key_value(name.as_str());
+            if let Some((_, cur)) = current
                 && cur.expires > now
-                && cur.holder != holder
+                && *cur.holder != *holder
             {
-                return Err(AcquireError::Held { holder: cur.holder.clone(), expires_in: cur.expires - now });
+                return Err(AcquireError::Held {
+                    holder: cur.holder.to_string(),
+                    expires_in: cur.expires - now,
+                });
             }
-            // Expired leases of other locks, forgotten in the same transaction, so
+            // Expired leases, earliest first, forgotten in the same transaction, so
             // abandoned locks neither pile up nor block again after a restart.
             // (Nothing can revive them: a keepalive at or after `now` finds them expired.)
-            table
-                .by_name
-                .iter()
-                .filter(|(n, l)| l.expires <= now && **n != name)
-                .take(SWEEP_PER_GRANT)
-                .map(|(n, l)| (n.clone(), l.lease_id.clone()))
-                .collect()
+            let expired = table.expired(now, SWEEP_PER_GRANT);
+            // Fail closed: a grant that needs a new slot when every slot holds a live
+            // lease is refused; no live lease is ever evicted.
+            let replaces = current.is_some();
+            if !replaces && table.by_name.len() - expired.len() >= self.config.max_leases {
+                let retry_after = table
+                    .next_expiry(now)
+                    .map_or(FULL_RETRY_AFTER_MAX, |e| (e - now).min(FULL_RETRY_AFTER_MAX));
+                tracing::warn!(name, max_leases = self.config.max_leases, "lease table full");
+                return Err(AcquireError::Full { max_leases: self.config.max_leases, retry_after });
+            }
+            let name = current.map_or_else(|| Arc::from(name), |(n, _)| Arc::clone(n));
+            (name, expired)
         };
         // Nothing else can grant or release while `store` is locked, so the lock is
         // still ours to grant.
         let lease_id = new_lease_id().map_err(AcquireError::Unavailable)?;
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        let expired_names: Vec<String> = expired.iter().map(|(n, _)| n.clone()).collect();
-        let token = store.grant(&name, &lease_id, &holder, ttl_ms, &expired_names).map_err(|e| {
-            tracing::error!(error = %e, name, "grant not recorded");
-            match e {
-                StoreError::Exhausted => AcquireError::Unavailable(e.to_string()),
-                StoreError::Db(d) => AcquireError::Unavailable(d),
-            }
-        })?;
+        let expired_names: Vec<&str> = expired.iter().map(|(n, _)| &**n).collect();
+        let token =
+            store.grant(&name, &format_lease_id(lease_id), &holder, ttl_ms, &expired_names).map_err(|e| {
+                tracing::error!(error = %e, %name, "grant not recorded");
+                match e {
+                    StoreError::Exhausted => AcquireError::Unavailable(e.to_string()),
+                    StoreError::Db(d) => AcquireError::Unavailable(d),
+                }
+            })?;
         {
             let mut table = lock(&self.table);
             for (_, old_id) in &expired {
-                table.remove_by_id(old_id);
+                table.remove_by_id(*old_id);
             }
             table.insert(
-                name.clone(),
-                Live {
-                    lease_id: lease_id.clone(),
-                    holder: holder.clone(),
-                    token,
-                    ttl,
-                    expires: expiry(now, ttl),
-                },
+                Arc::clone(&name),
+                Live { lease_id, holder: holder.as_str().into(), token, ttl, expires: expiry(now, ttl) },
             );
         }
         drop(guard);
-        tracing::info!(name, holder, token, ttl_ms, "granted");
-        Ok(Grant { lease_id, name, holder, token, ttl })
+        if !expired.is_empty() {
+            tracing::debug!(forgotten = expired.len(), "expired leases forgotten");
+        }
+        tracing::info!(%name, holder, token, ttl_ms, "granted");
+        let proof = self.config.signer.as_ref().map(|s| s.sign(&name, token));
+        Ok(Grant { lease_id: format_lease_id(lease_id), name: name.to_string(), holder, token, ttl, proof })
     }
 
-    fn release_blocking(&self, now: Instant, lease_id: &str) -> Result<bool, StorageError> {
+    fn release_blocking(&self, now: Instant, lease_id: LeaseId) -> Result<bool, StorageError> {
         let guard = lock(&self.writer);
         let Some(store) = guard.as_ref() else {
             return Err(StorageError(CLOSED.into()));
         };
         let (name, live) = {
             let table = lock(&self.table);
-            let Some(name) = table.by_id.get(lease_id) else {
+            let Some(name) = table.by_id.get(&lease_id) else {
                 return Ok(false);
             };
             let Some(live) = table.by_name.get(name) else {
                 return Ok(false);
             };
-            (name.clone(), live.expires > now)
+            (Arc::clone(name), live.expires > now)
         };
         store.remove(&name).map_err(|e| StorageError(e.to_string()))?;
         lock(&self.table).remove_by_id(lease_id);
         drop(guard);
-        tracing::info!(name, live, "released");
+        tracing::info!(%name, live, "released");
         Ok(live)
     }
 }
@@ -533,7 +692,7 @@ impl Drop for RunningService {
     }
 }
 
-fn check_text(field: &str, value: &str) -> Result<(), AcquireError> {
+pub(crate) fn check_text(field: &str, value: &str) -> Result<(), AcquireError> {
     if value.is_empty() {
         return Err(AcquireError::Invalid(format!("{field} must not be empty")));
     }
@@ -546,11 +705,25 @@ fn check_text(field: &str, value: &str) -> Result<(), AcquireError> {
     Ok(())
 }
 
-/// 128 random bits from the OS, as 32 lowercase hex characters.
-fn new_lease_id() -> Result<String, String> {
+/// 128 random bits from the OS.
+fn new_lease_id() -> Result<LeaseId, String> {
     let mut bytes = [0u8; 16];
     getrandom::fill(&mut bytes).map_err(|e| format!("no randomness for a lease id: {e}"))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(u128::from_be_bytes(bytes))
+}
+
+/// A lease id as clients see it: 32 lowercase hex characters.
+fn format_lease_id(id: LeaseId) -> String {
+    format!("{id:032x}")
+}
+
+/// The lease id written as 32 lowercase hex characters; `None` for anything else
+/// (no lease has such an id).
+fn parse_lease_id(s: &str) -> Option<LeaseId> {
+    if s.len() != 32 || !s.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        return None;
+    }
+    u128::from_str_radix(s, 16).ok()
 }
 
 /// No TTL is accepted above this, whatever `max_ttl` says, so instants never overflow.

@@ -17,6 +17,12 @@ const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 const LEASES: TableDefinition<&str, &[u8]> = TableDefinition::new("leases");
 const NEXT_TOKEN: &str = "next_token";
 
+/// redb's page cache. The store is write-mostly (it is read once, at start-up), and
+/// redb's default cache (1 GiB) keeps the pages it writes, so the service's memory
+/// grew with the file: about 1 KiB per lease. 4 MiB keeps the B-tree's upper
+/// levels; the operating system's page cache serves the rest (BENCHMARKS.md §9).
+const CACHE_BYTES: usize = 4 << 20;
+
 /// The file name inside the data directory.
 pub(crate) const DB_FILE: &str = "locks.redb";
 
@@ -70,7 +76,7 @@ impl Store {
     pub(crate) fn open(dir: &Path) -> Result<Loaded, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let path: PathBuf = dir.join(DB_FILE);
-        let db = Database::create(&path).map_err(db_err)?;
+        let db = Database::builder().set_cache_size(CACHE_BYTES).create(&path).map_err(db_err)?;
         // Make the new file's directory entry durable too (cheap; matters on first start).
         File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))?;
 
@@ -99,7 +105,9 @@ impl Store {
 
     /// Takes the next token from the counter and records the lease (with that token)
     /// as the grant of lock `name`, replacing any previous grant of `name`; in the
-    /// same transaction, forgets the expired grants of the locks in `expired`.
+    /// same transaction (and before that record), forgets the expired grants of the
+    /// locks in `expired` (which may include `name`). The counter is a row of its
+    /// own: forgetting grants never lowers it.
     /// Returns the token once the transaction is durably committed.
     pub(crate) fn grant(
         &self,
@@ -107,7 +115,7 @@ impl Store {
         lease_id: &str,
         holder: &str,
         ttl_ms: u64,
-        expired: &[String],
+        expired: &[&str],
     ) -> Result<u64, StoreError> {
         let mut txn = self.db.begin_write().map_err(db_err)?;
         txn.set_durability(Durability::Immediate).map_err(db_err)?;
@@ -126,10 +134,10 @@ impl Store {
             })
             .map_err(|e| StoreError::Db(e.to_string()))?;
             let mut leases = txn.open_table(LEASES).map_err(db_err)?;
-            leases.insert(name, record.as_slice()).map_err(db_err)?;
             for old in expired {
-                leases.remove(old.as_str()).map_err(db_err)?;
+                leases.remove(*old).map_err(db_err)?;
             }
+            leases.insert(name, record.as_slice()).map_err(db_err)?;
         }
         txn.commit().map_err(db_err)?;
         Ok(token)

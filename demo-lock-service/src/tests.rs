@@ -9,7 +9,7 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::{Config, LockService, lock};
+use crate::{Config, LockService, ProofSigner, lock};
 
 struct Reply {
     status: StatusCode,
@@ -371,7 +371,7 @@ async fn grants_forget_expired_leases_of_other_locks() {
     // This grant sweeps the expired "abandoned" lease from memory and disk.
     assert_eq!(acquire(&app, "other", "b", 60_000).await.status, StatusCode::CREATED);
     assert!(!lock(&svc.inner.table).by_name.contains_key("abandoned"));
-    assert!(!lock(&svc.inner.table).by_id.contains_key(&old_id));
+    assert!(!lock(&svc.inner.table).by_id.contains_key(&crate::parse_lease_id(&old_id).unwrap()));
     assert!(lock(&svc.inner.table).by_name.contains_key("kept"));
     drop(app);
     drop(svc);
@@ -397,4 +397,192 @@ async fn a_huge_max_ttl_never_overflows() {
     let ka = call(&app, Method::POST, &format!("/v1/leases/{id}/keepalive"), None).await;
     assert_eq!(ka.status, StatusCode::OK);
     assert_eq!(acquire(&app, "l", "b", 1000).await.status, StatusCode::CONFLICT);
+}
+
+fn open_with(dir: &std::path::Path, f: impl FnOnce(Config) -> Config) -> LockService {
+    LockService::open(f(Config::new(dir))).unwrap()
+}
+
+#[tokio::test]
+async fn signed_grants_carry_a_proof_for_their_lock_and_token_only() {
+    use fencing_layer::Ed25519Verifier;
+    let dir = tempfile::tempdir().unwrap();
+    let signer = ProofSigner::generate().unwrap();
+    let app = open_with(dir.path(), |c| c.with_signer(signer.clone())).router();
+    let r = acquire(&app, "orders", "worker-1", 5000).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    let token = r.body["token"].as_u64().unwrap();
+    let proof = r.body["proof"].as_str().expect("a signed grant has a proof").to_owned();
+    let verifier = Ed25519Verifier::new(signer.public_key());
+    assert_eq!(verifier.check("orders", token, &proof), Ok(()));
+    assert!(verifier.check("orders", token + 1, &proof).is_err(), "another token");
+    assert!(verifier.check("orders", token - 1, &proof).is_err(), "a lower token");
+    assert!(verifier.check("payroll", token, &proof).is_err(), "another lock");
+    let stranger = Ed25519Verifier::new(ProofSigner::generate().unwrap().public_key());
+    assert!(stranger.check("orders", token, &proof).is_err(), "another key pair");
+    // The library's grant carries the same proof.
+    let svc = open_with(tempfile::tempdir().unwrap().path(), |c| c.with_signer(signer.clone()));
+    let g = svc.acquire("orders", "w", Duration::from_secs(1)).await.unwrap();
+    assert_eq!(g.proof.as_deref(), Some(signer.sign("orders", g.token).as_str()));
+
+    // Without a signing key: no proof field at all.
+    let dir = tempfile::tempdir().unwrap();
+    let app = open(dir.path()).router();
+    let r = acquire(&app, "orders", "worker-1", 5000).await;
+    assert_eq!(r.status, StatusCode::CREATED);
+    assert!(r.body.get("proof").is_none(), "{}", r.body);
+    assert_eq!(r.body.as_object().unwrap().len(), 5, "{}", r.body);
+}
+
+#[tokio::test(start_paused = true)]
+async fn token_check_is_valid_only_for_the_live_grant() {
+    let dir = tempfile::tempdir().unwrap();
+    let app = open(dir.path()).router();
+    let g = acquire(&app, "jobs/billing", "a", 1000).await;
+    let t = g.body["token"].as_u64().unwrap();
+    let check = |token: String| {
+        let app = app.clone();
+        async move { call(&app, Method::GET, &format!("/v1/locks/jobs%2Fbilling/tokens/{token}"), None).await }
+    };
+
+    let r = check(t.to_string()).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers.get("content-type").unwrap(), "application/json");
+    assert_eq!(r.body, json!({"lock": "jobs/billing", "token": t, "valid": true, "expires_in_ms": 1000}));
+    // A forged higher token, and a lower one: held under another token.
+    for other in [t + 1, u64::MAX, t - 1, 0] {
+        let r = check(other.to_string()).await;
+        assert_eq!(
+            r.body,
+            json!({"lock": "jobs/billing", "token": other, "valid": false, "reason": "other-token"})
+        );
+    }
+    // An unknown lock.
+    let r = call(&app, Method::GET, &format!("/v1/locks/nobody/tokens/{t}"), None).await;
+    assert_eq!(r.body, json!({"lock": "nobody", "token": t, "valid": false, "reason": "free"}));
+    // Still valid 1 ms before expiry; invalid at expiry (nobody else acquired it).
+    tokio::time::advance(Duration::from_millis(999)).await;
+    assert_eq!(check(t.to_string()).await.body["expires_in_ms"], 1);
+    tokio::time::advance(Duration::from_millis(1)).await;
+    assert_eq!(check(t.to_string()).await.body["reason"], "free");
+    // Released: invalid at once.
+    let g = acquire(&app, "jobs/billing", "b", 60_000).await;
+    let t2 = g.body["token"].as_u64().unwrap();
+    assert_eq!(check(t2.to_string()).await.body["valid"], true);
+    let id = g.body["lease_id"].as_str().unwrap();
+    assert_eq!(
+        call(&app, Method::DELETE, &format!("/v1/leases/{id}"), None).await.status,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(check(t2.to_string()).await.body["reason"], "free");
+
+    // Bad input: problem+json, never a guess.
+    for bad in ["01", "+1", "-1", "1.0", "0x1", "%201", "1%20", "18446744073709551616", "abc", "%FF"] {
+        assert_problem(&check(bad.into()).await, StatusCode::BAD_REQUEST);
+    }
+    let long = "n".repeat(257);
+    assert_problem(
+        &call(&app, Method::GET, &format!("/v1/locks/{long}/tokens/1"), None).await,
+        StatusCode::BAD_REQUEST,
+    );
+    assert_problem(&call(&app, Method::GET, "/v1/locks/a%0Ab/tokens/1", None).await, StatusCode::BAD_REQUEST);
+    assert_problem(
+        &call(&app, Method::POST, "/v1/locks/a/tokens/1", None).await,
+        StatusCode::METHOD_NOT_ALLOWED,
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_lease_table_answers_503_and_keeps_every_live_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = open_with(dir.path(), |c| c.with_max_leases(2));
+    let app = svc.router();
+    let a = acquire(&app, "a", "h", 90_000).await;
+    let b = acquire(&app, "b", "h", 120_000).await;
+    assert_eq!((a.status, b.status), (StatusCode::CREATED, StatusCode::CREATED));
+
+    let r = acquire(&app, "c", "h", 1000).await;
+    assert_problem(&r, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.body["type"], "urn:fencing:problem:lease-table-full");
+    assert_eq!(r.body["max_leases"], 2);
+    // The earliest slot frees in 90 s; Retry-After says at most a minute.
+    assert_eq!(r.headers.get("retry-after").unwrap(), "60");
+    assert_eq!(svc.leases_in_memory(), 2);
+    assert_problem(&call(&app, Method::GET, "/v1/locks/c", None).await, StatusCode::NOT_FOUND);
+
+    // Both live leases are intact: readable, renewable, and they still block others.
+    for (name, g) in [("a", &a), ("b", &b)] {
+        let s = call(&app, Method::GET, &format!("/v1/locks/{name}"), None).await;
+        assert_eq!(s.body["token"], g.body["token"]);
+        let id = g.body["lease_id"].as_str().unwrap();
+        let ka = call(&app, Method::POST, &format!("/v1/leases/{id}/keepalive"), None).await;
+        assert_eq!(ka.status, StatusCode::OK);
+        assert_eq!(acquire(&app, name, "other", 1000).await.status, StatusCode::CONFLICT);
+    }
+    // Re-acquiring a held lock takes no new slot.
+    let a2 = acquire(&app, "a", "h", 30_000).await;
+    assert_eq!(a2.status, StatusCode::CREATED);
+    // Retry-After follows the earliest expiry (now a's 30 s).
+    assert_eq!(acquire(&app, "c", "h", 1000).await.headers.get("retry-after").unwrap(), "30");
+    // A release frees a slot at once.
+    let id = b.body["lease_id"].as_str().unwrap();
+    assert_eq!(
+        call(&app, Method::DELETE, &format!("/v1/leases/{id}"), None).await.status,
+        StatusCode::NO_CONTENT
+    );
+    let c = acquire(&app, "c", "h", 1000).await;
+    assert_eq!(c.status, StatusCode::CREATED);
+    assert!(c.body["token"].as_u64() > a2.body["token"].as_u64());
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_lease_slot_is_reused_and_forgotten_on_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = open_with(dir.path(), |c| c.with_max_leases(2));
+    let app = svc.router();
+    let short = acquire(&app, "short", "h", 1000).await;
+    acquire(&app, "long", "h", 60_000).await;
+    let r = acquire(&app, "new", "h", 60_000).await;
+    assert_problem(&r, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(r.headers.get("retry-after").unwrap(), "1");
+
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    let new = acquire(&app, "new", "h", 1000).await;
+    assert_eq!(new.status, StatusCode::CREATED);
+    assert_eq!(svc.leases_in_memory(), 2);
+    assert!(!lock(&svc.inner.table).by_name.contains_key("short"));
+    let short_id = crate::parse_lease_id(short.body["lease_id"].as_str().unwrap()).unwrap();
+    assert!(!lock(&svc.inner.table).by_id.contains_key(&short_id));
+    assert_eq!(lock(&svc.inner.table).by_expiry.len(), 2);
+
+    // Unique names past the bound, each expiring: the table never grows past it and
+    // every grant finds a slot once the previous leases have lapsed.
+    let mut last = new.body["token"].as_u64().unwrap();
+    for round in 0..20 {
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        let r = acquire(&app, &format!("burst-{round}"), "h", 1000).await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+        let t = r.body["token"].as_u64().unwrap();
+        assert!(t > last);
+        last = t;
+        assert!(svc.leases_in_memory() <= 2);
+    }
+    drop(app);
+    drop(svc);
+
+    // On disk too: after a restart only the live leases are there, and the counter
+    // never went back.
+    let svc = open_with(dir.path(), |c| c.with_max_leases(2));
+    {
+        let table = lock(&svc.inner.table);
+        let mut names: Vec<&str> = table.by_name.keys().map(|n| &**n).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["burst-19", "long"]);
+    }
+    let app = svc.router();
+    // burst-19 was restored for a full TTL from start-up; once it lapses, its slot is reused.
+    tokio::time::advance(Duration::from_millis(1000)).await;
+    let r = acquire(&app, "short", "other", 1000).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.body);
+    assert!(r.body["token"].as_u64().unwrap() > last);
 }

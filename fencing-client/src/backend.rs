@@ -22,6 +22,10 @@ pub struct Grant {
     pub token: u64,
     /// The lease's time to live, as granted.
     pub ttl: Duration,
+    /// The lock service's signature over (`name`, `token`), when it signs grants (the
+    /// demo lock service with `--signing-key`); sent as `Fencing-Proof` beside the
+    /// token by [`crate::Lease::fence`]. `None` for backends that do not sign (etcd).
+    pub proof: Option<String>,
 }
 
 /// A lock service that grants leases with fencing tokens.

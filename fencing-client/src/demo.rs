@@ -125,6 +125,7 @@ impl DemoLockClient {
                     holder: b.holder,
                     token: b.token,
                     ttl: Duration::from_millis(b.ttl_ms),
+                    proof: b.proof,
                 })
             }
             StatusCode::CONFLICT => {
@@ -201,6 +202,8 @@ struct GrantBody {
     holder: String,
     token: u64,
     ttl_ms: u64,
+    #[serde(default)]
+    proof: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -217,7 +220,7 @@ struct StatusBody {
     expires_in_ms: u64,
 }
 
-fn segment(s: &str) -> String {
+pub(crate) fn segment(s: &str) -> String {
     utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
 }
 

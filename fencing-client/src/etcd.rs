@@ -206,6 +206,7 @@ impl EtcdLockClient {
                 holder: holder.to_owned(),
                 token,
                 ttl: granted_ttl,
+                proof: None,
             });
         }
         // Held by someone else: our fresh lease holds nothing; do not leave it to expire.

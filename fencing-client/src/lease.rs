@@ -316,14 +316,27 @@ impl Lease {
         Lost(self.loss_reason().unwrap_or(LossReason::DeadlinePassed))
     }
 
-    /// Sets the `Fencing-Token` header of `request` to this lease's token.
+    /// Sets the `Fencing-Token` header of `request` to this lease's token, and
+    /// `Fencing-Proof` to the grant's proof when the lock service signed it (any
+    /// `Fencing-Proof` already there is removed when it did not).
     pub fn fence<B>(&self, request: &mut http::Request<B>) {
         crate::set_fencing_token(request, self.grant.token);
+        match &self.grant.proof {
+            Some(proof) => crate::set_fencing_proof(request, proof),
+            None => {
+                request.headers_mut().remove(crate::fencing_proof_header());
+            }
+        }
     }
 
-    /// Adds the `Fencing-Token` header with this lease's token to a reqwest request.
+    /// Adds the `Fencing-Token` header with this lease's token to a reqwest request,
+    /// and `Fencing-Proof` with the grant's proof when the lock service signed it.
     pub fn fence_reqwest(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        crate::fence_reqwest(request, self.grant.token)
+        let request = crate::fence_reqwest(request, self.grant.token);
+        match &self.grant.proof {
+            Some(proof) => crate::fence_reqwest_proof(request, proof),
+            None => request,
+        }
     }
 
     /// Stops renewing, cancels in-flight work, then deletes the lease so the lock is

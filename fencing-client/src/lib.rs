@@ -10,7 +10,12 @@
 //!   deadline cancels a [`CancellationToken`] so in-flight work stops.
 //! * [`set_fencing_token`] / [`fence_reqwest`]: put the token into the
 //!   `Fencing-Token` header (canonical decimal) of an outgoing request, so the
-//!   resource can reject a stale holder.
+//!   resource can reject a stale holder. [`Lease::fence`] and
+//!   [`Lease::fence_reqwest`] also send the grant's `Fencing-Proof` when the lock
+//!   service signs its grants.
+//! * [`DemoLockVerifier`] and (feature `etcd`) `EtcdVerifier`: the resource's side,
+//!   [`fencing_layer::TokenVerifier`]s that ask the lock backend whether a token
+//!   about to raise a mark is the lock's live grant (Chubby's CheckSequencer).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -35,6 +40,7 @@ mod demo;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod lease;
+mod verify;
 
 pub use backend::{BoxFuture, Grant, LockBackend, LockError};
 pub use demo::{DemoLockClient, LockStatus};
@@ -44,6 +50,9 @@ pub use etcd::{DEFAULT_ETCD_PREFIX, EtcdLockClient};
 #[cfg(feature = "etcd")]
 pub use etcd_client;
 pub use lease::{Lease, LeaseOptions, LossReason, Lost};
+#[cfg(feature = "etcd")]
+pub use verify::EtcdVerifier;
+pub use verify::{DEFAULT_CACHE_CAPACITY, DEFAULT_CACHE_TTL, DemoLockVerifier};
 
 use http::HeaderValue;
 use http::header::HeaderName;
@@ -71,6 +80,36 @@ pub fn set_fencing_token<B>(request: &mut http::Request<B>, token: u64) {
 /// Adds the `Fencing-Token` header with `token` to a reqwest request.
 pub fn fence_reqwest(request: reqwest::RequestBuilder, token: u64) -> reqwest::RequestBuilder {
     request.header(fencing_token_header(), fencing_token_value(token))
+}
+
+/// The request header carrying the lock service's signature over (lock name, token):
+/// `Fencing-Proof`. A resource with a proof verifier lets a token raise its mark only
+/// with a valid proof.
+pub const FENCING_PROOF_HEADER: &str = "Fencing-Proof";
+
+/// [`FENCING_PROOF_HEADER`] as a typed header name.
+pub fn fencing_proof_header() -> HeaderName {
+    HeaderName::from_static("fencing-proof")
+}
+
+/// Sets the `Fencing-Proof` header of `request` to `proof` (a grant's
+/// [`Grant::proof`]), replacing any value already there. A proof that is not a
+/// valid header value (it never is one, from the lock service: URL-safe base64)
+/// is left out, and the resource refuses the raise.
+pub fn set_fencing_proof<B>(request: &mut http::Request<B>, proof: &str) {
+    match HeaderValue::from_str(proof) {
+        Ok(value) => {
+            request.headers_mut().insert(fencing_proof_header(), value);
+        }
+        Err(_) => {
+            request.headers_mut().remove(fencing_proof_header());
+        }
+    }
+}
+
+/// Adds the `Fencing-Proof` header with `proof` to a reqwest request.
+pub fn fence_reqwest_proof(request: reqwest::RequestBuilder, proof: &str) -> reqwest::RequestBuilder {
+    request.header(fencing_proof_header(), proof)
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::put;
-use fencing_client::{EtcdLockClient, Grant, LockBackend, LockError, LossReason};
-use fencing_layer::{FencingLayer, FencingToken};
+use fencing_client::{EtcdLockClient, EtcdVerifier, Grant, LockBackend, LockError, LossReason};
+use fencing_layer::{FencingLayer, FencingToken, Raise, TokenVerifier, VerifyError};
 use tokio::time::{Instant, sleep, timeout};
 
 // ---------- a real etcd, stopped on drop (also on panic) ----------
@@ -335,4 +335,53 @@ async fn stopping_etcd_cancels_the_handle_by_its_deadline() {
         | Some(LossReason::DeadlinePassed) => {}
         other => panic!("unexpected loss reason {other:?}"),
     }
+}
+
+// ---------- the online check: EtcdVerifier ----------
+
+async fn verify(v: &EtcdVerifier, key: &str, token: u64) -> Result<(), VerifyError> {
+    let headers = http::HeaderMap::new();
+    v.verify(&Raise::new(key, token, 0, &headers)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_verifier_admits_only_the_live_grant() {
+    let Some(mut etcd) = start_etcd().await else { return };
+    let locks = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap().with_prefix("app/locks/");
+    let verifier = EtcdVerifier::from_lock_client(&locks)
+        .lock_for_key(|key| key.strip_prefix("/docs/").map(str::to_owned))
+        .cache(0, Duration::ZERO);
+    let cached = EtcdVerifier::from_lock_client(&locks);
+    let refused = |r: Result<(), VerifyError>| matches!(r, Err(VerifyError::Refused(_)));
+
+    let lease = locks.lease("report", "client-a", Duration::from_secs(5)).await.unwrap();
+    let t = lease.token();
+    assert_eq!(verify(&verifier, "/docs/report", t).await, Ok(()));
+    assert!(refused(verify(&verifier, "/docs/report", t + 1).await), "a forged higher token");
+    assert!(refused(verify(&verifier, "/docs/report", u64::MAX).await), "not even a revision");
+    assert!(refused(verify(&verifier, "/docs/other", t).await), "a lock nobody holds");
+    assert!(refused(verify(&verifier, "/elsewhere", t).await), "no lock guards the key");
+    // The default prefix does not see this client's keys.
+    let wrong_prefix = EtcdVerifier::new(locks.client().clone()).cache(0, Duration::ZERO);
+    assert!(refused(verify(&wrong_prefix, "report", t).await));
+    assert_eq!(verify(&cached, "report", t).await, Ok(()));
+    assert_eq!(cached.cached_answers(), 1);
+
+    // Released, then re-acquired: the old token is no longer the live grant.
+    lease.release().await.unwrap();
+    assert!(refused(verify(&verifier, "/docs/report", t).await));
+    let again = locks.lease("report", "client-b", Duration::from_secs(5)).await.unwrap();
+    assert!(again.token() > t);
+    assert!(refused(verify(&verifier, "/docs/report", t).await));
+    assert_eq!(verify(&verifier, "/docs/report", again.token()).await, Ok(()));
+    // The cache still answers for t within its TTL (it was genuine a moment ago).
+    assert_eq!(verify(&cached, "report", t).await, Ok(()));
+
+    // etcd stopped: unavailable, never refused or admitted.
+    etcd.stop();
+    let answer =
+        tokio::time::timeout(Duration::from_secs(10), verify(&verifier, "/docs/report", again.token()))
+            .await
+            .expect("etcd-client's own timeout answers first");
+    assert!(matches!(answer, Err(VerifyError::Unavailable(_))), "{answer:?}");
 }

@@ -59,6 +59,7 @@ impl LockBackend for Fake {
                 holder: holder.into(),
                 token: 7,
                 ttl,
+                proof: None,
             })
         })
     }

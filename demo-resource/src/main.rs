@@ -21,7 +21,8 @@
 //!   not with `--postgres` (its marks are in the database) or `--no-fencing`.
 //! * `demo-resource marks list | get KEY | reset KEY --to N [--data-dir DIR] [--json]`
 //!   reads or repairs the marks of a stopped service's data directory
-//!   (`DIR/marks.redb`); refused while a `serve` still holds the file.
+//!   (`DIR/marks.redb`; a reset sets the data's own fence in `DIR/data.redb` too);
+//!   refused while a `serve` still holds the files. docs/operating-marks.md.
 //! * `demo-resource scenario` runs the scenario in-process and prints its outcomes;
 //!   it exits non-zero if one differs from the expected one. With
 //!   `--lock-backend etcd --etcd-endpoints http://127.0.0.1:2379` the tokens come from etcd.

@@ -41,8 +41,10 @@ pub(crate) fn finish(routes: Router<App>, app: App) -> Router {
 /// An RFC 9457 problem details response.
 #[derive(Debug)]
 pub(crate) struct Problem {
-    status: StatusCode,
+    pub(crate) status: StatusCode,
     body: ProblemBody,
+    /// `Retry-After`, in seconds.
+    retry_after: Option<u64>,
 }
 
 /// The problem object, fields in the RFC's order, then the extension members.
@@ -57,7 +59,7 @@ struct ProblemBody {
 }
 
 impl Problem {
-    fn new(status: StatusCode, kind: &str, title: &'static str) -> Self {
+    pub(crate) fn new(status: StatusCode, kind: &str, title: &'static str) -> Self {
         let body = ProblemBody {
             r#type: format!("urn:demo-resource:problem:{kind}"),
             title,
@@ -65,26 +67,32 @@ impl Problem {
             detail: String::new(),
             extra: Map::new(),
         };
-        Self { status, body }
+        Self { status, body, retry_after: None }
     }
 
-    fn detail(mut self, detail: impl Into<String>) -> Self {
+    pub(crate) fn detail(mut self, detail: impl Into<String>) -> Self {
         self.body.detail = detail.into();
         self
     }
 
-    fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
+    pub(crate) fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
         self.body.extra.insert(field.into(), value.into());
         self
     }
 
-    fn bad_request(kind: &str, detail: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(kind: &str, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, kind, "Bad request").detail(detail)
     }
 
-    fn internal(error: impl std::fmt::Display) -> Self {
+    pub(crate) fn internal(error: impl std::fmt::Display) -> Self {
         tracing::error!("{error}");
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", "Internal error").detail(error.to_string())
+    }
+
+    /// Asks the client to retry after `seconds`.
+    pub(crate) fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds);
+        self
     }
 }
 
@@ -95,6 +103,9 @@ impl IntoResponse for Problem {
         response
             .headers_mut()
             .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
         response
     }
 }

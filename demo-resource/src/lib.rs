@@ -12,6 +12,35 @@
 //! | `DELETE /kv/{key}` (fenced) | 204 | 404 unknown key; the layer's errors |
 //! | `GET /healthz` | 200 `ok` | |
 //!
+//! # Token authenticity
+//!
+//! With [`Config::verify_key`] (`serve --verify-key FILE`) a token may raise a
+//! path's mark only with a `Fencing-Proof`: the lock service's Ed25519
+//! signature over the lock's name and the token. The lock of `/logs/{name}` and
+//! of `/kv/{key}` is `{name}` / `{key}` ([`lock_for_key`]), so a proof for one
+//! lock cannot raise another's mark. A raise without a valid proof is a 403
+//! problem+json (`unverified-token`) and the mark stays as it was; tokens equal
+//! to the mark or below it are never checked. [`Resource::with_verifier`]
+//! puts any other [`TokenVerifier`] in its place.
+//!
+//! # Operating the marks
+//!
+//! [`Resource::admin_router`] lists, reads and resets marks over HTTP, on a
+//! listener of its own (`serve --admin-listen`, off by default, loopback only:
+//! the routes have no authentication). `demo-resource marks list|get|reset`
+//! does the same on a stopped service's data directory.
+//!
+//! | admin route | success | errors |
+//! |---|---|---|
+//! | `GET /marks` | 200 `{"marks":[{"key","mark"}]}`, sorted by key | 400 a query other than `key` |
+//! | `GET /marks?key=K` (K URL-encoded) | 200 `{"key","mark"}` | 404 no mark for K |
+//! | `POST /marks/reset`, JSON `{"key":K,"to":N}` | 200 `{"key","old","new"}` | 415 not `application/json`; 400 bad JSON; 413 over 16 KiB; 404 no mark for K; 503 + `Retry-After` while a raise of K is being recorded |
+//!
+//! A reset is durable before the answer and logged at `warn` with the key, the
+//! old and new mark, and the peer's address. It sets the data's own fence of
+//! the path too (each write checks its token again in its transaction), so
+//! the key is really writable from the new mark on ([`StoppedMarks`]).
+//!
 //! Write routes take `?delay_ms=N` (0 to [`MAX_DELAY_MS`]): the handler waits that
 //! long after the layer admitted the request and before applying the write, to
 //! reproduce a write still in flight when a newer lease holder arrives.
@@ -55,8 +84,10 @@
 //!
 //! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it.
 
+mod admin;
 mod backend;
 mod http;
+mod marks;
 mod postgres;
 pub mod scenario;
 mod store;
@@ -69,12 +100,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencing_layer::{FencingLayer, MarkStore};
+use fencing_layer::{Ed25519Verifier, FencingLayer, MarkStore, ProofPublicKey, TokenVerifier};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use crate::backend::Backend;
+pub use crate::marks::{OpenMarksError, ResetError, StoppedMarks};
 use crate::postgres::PgData;
 use crate::store::Data;
 pub use crate::store::Entry;
@@ -116,28 +148,85 @@ pub struct Config {
     pub storage: Storage,
     /// Whether the write routes are fenced (`--no-fencing` turns it off).
     pub fencing: bool,
+    /// Raises need the lock service's proof, signed by this key's secret half
+    /// (`--verify-key`); see [`proof_verifier`]. Needs `fencing`.
+    pub verify_key: Option<ProofPublicKey>,
 }
 
 impl Config {
     /// Fenced, durable in `dir`.
     pub fn durable(dir: impl Into<PathBuf>) -> Self {
-        Self { storage: Storage::Dir(dir.into()), fencing: true }
+        Self { storage: Storage::Dir(dir.into()), fencing: true, verify_key: None }
     }
 
     /// Fenced, in memory.
     pub fn in_memory() -> Self {
-        Self { storage: Storage::InMemory, fencing: true }
+        Self { storage: Storage::InMemory, fencing: true, verify_key: None }
     }
 
     /// Fenced by the layer and in each write's transaction, data in PostgreSQL at `url`.
     pub fn postgres(url: impl Into<String>) -> Self {
-        Self { storage: Storage::Postgres { url: url.into(), fence_in_transaction: true }, fencing: true }
+        Self {
+            storage: Storage::Postgres { url: url.into(), fence_in_transaction: true },
+            fencing: true,
+            verify_key: None,
+        }
     }
 
     /// The same routes without the fencing layer: stale writes get through.
     pub fn without_fencing(mut self) -> Self {
         self.fencing = false;
         self
+    }
+
+    /// Lets a token raise a mark only with a valid `Fencing-Proof` signed by
+    /// `key`'s secret half, for the path's lock ([`proof_verifier`]).
+    pub fn verify_key(mut self, key: ProofPublicKey) -> Self {
+        self.verify_key = Some(key);
+        self
+    }
+
+    /// The verifier `verify_key` asks for; an error when it cannot apply.
+    fn verifier(&self) -> Result<Option<Verifier>, OpenError> {
+        match (self.verify_key, self.fencing) {
+            (None, _) => Ok(None),
+            (Some(_), false) => {
+                Err(OpenError("a verify key needs fencing: without the layer no token is checked".into()))
+            }
+            (Some(key), true) => Ok(Some(Verifier(Arc::new(proof_verifier(key))))),
+        }
+    }
+}
+
+/// The lock whose holder may write the resource `key` (the fencing layer's key,
+/// the percent-decoded path): `{name}` for `/logs/{name}`, `{key}` for
+/// `/kv/{key}`, and none for anything else (no raise of it is verified).
+///
+/// ```
+/// assert_eq!(demo_resource::lock_for_key("/logs/billing").as_deref(), Some("billing"));
+/// assert_eq!(demo_resource::lock_for_key("/kv/a b").as_deref(), Some("a b"));
+/// assert_eq!(demo_resource::lock_for_key("/healthz"), None);
+/// ```
+#[must_use]
+pub fn lock_for_key(key: &str) -> Option<String> {
+    let name = key.strip_prefix("/logs/").or_else(|| key.strip_prefix("/kv/"))?;
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+/// The verifier of `serve --verify-key`: a raise of a path's mark needs a
+/// `Fencing-Proof` signed by `key` for that path's lock ([`lock_for_key`]).
+#[must_use]
+pub fn proof_verifier(key: ProofPublicKey) -> Ed25519Verifier {
+    Ed25519Verifier::new(key).lock_for_key(lock_for_key)
+}
+
+/// The layer's verifier, shared by every router the resource builds.
+#[derive(Clone)]
+struct Verifier(Arc<dyn TokenVerifier>);
+
+impl fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Verifier")
     }
 }
 
@@ -158,6 +247,7 @@ impl std::error::Error for OpenError {}
 pub struct Resource {
     app: App,
     marks: Option<MarkStore>,
+    verifier: Option<Verifier>,
 }
 
 /// What the handlers share.
@@ -223,6 +313,7 @@ impl Resource {
     /// The directory or a database file cannot be created or opened (another
     /// process may have it); [`Storage::Postgres`], which only `connect` opens.
     pub fn open(config: Config) -> Result<Self, OpenError> {
+        let verifier = config.verifier()?;
         let (data, marks) = match &config.storage {
             Storage::Postgres { .. } => {
                 return Err(OpenError("PostgreSQL storage is opened with `Resource::connect`".into()));
@@ -243,7 +334,7 @@ impl Resource {
                 (data, config.fencing.then(MarkStore::in_memory))
             }
         };
-        Ok(Self::new(Backend::Redb(Arc::new(data)), marks))
+        Ok(Self::new(Backend::Redb(Arc::new(data)), marks, verifier))
     }
 
     /// Opens the resource as `config` says, from async code. [`Storage::Postgres`]
@@ -260,20 +351,34 @@ impl Resource {
             let opened = tokio::task::spawn_blocking(move || Self::open(config)).await;
             return opened.map_err(|e| OpenError(e.to_string()))?;
         };
+        let verifier = config.verifier()?;
         let fence_in_transaction = config.fencing && *fence_in_transaction;
         let data = PgData::connect(url, fence_in_transaction)
             .await
             .map_err(|e| OpenError(format!("postgres: {e}")))?;
-        Ok(Self::new(Backend::Postgres(data), config.fencing.then(MarkStore::in_memory)))
+        Ok(Self::new(Backend::Postgres(data), config.fencing.then(MarkStore::in_memory), verifier))
     }
 
-    fn new(data: Backend, marks: Option<MarkStore>) -> Self {
+    fn new(data: Backend, marks: Option<MarkStore>, verifier: Option<Verifier>) -> Self {
         let app = App {
             data,
             in_flight: Arc::new(watch::Sender::new(BTreeMap::new())),
             delays: Arc::new(watch::Sender::new(0)),
         };
-        Self { app, marks }
+        Self { app, marks, verifier }
+    }
+
+    /// Asks `verifier` before any token raises a mark (403 when it refuses,
+    /// 503 when it cannot answer), instead of the one [`Config::verify_key`]
+    /// made. Routers built afterwards use it; without fencing it has no effect.
+    ///
+    /// With PostgreSQL storage it applies too: a token reaches the database's
+    /// fence only once this process's layer admitted it, and a token above the
+    /// layer's mark is admitted only when verified. Every replica needs it.
+    #[must_use]
+    pub fn with_verifier(mut self, verifier: impl TokenVerifier) -> Self {
+        self.verifier = Some(Verifier(Arc::new(verifier)));
+        self
     }
 
     /// The service's routes, fenced unless the config said otherwise.
@@ -282,7 +387,14 @@ impl Resource {
         let routes = match &self.marks {
             // The one line that fences an existing router's write routes. `route_layer`,
             // so unknown routes are 404 without touching the key table.
-            Some(marks) => routes.route_layer(FencingLayer::new().store(marks.clone())),
+            Some(marks) => {
+                let layer = FencingLayer::new().store(marks.clone());
+                let layer = match &self.verifier {
+                    Some(verifier) => layer.verifier(Arc::clone(&verifier.0)),
+                    None => layer,
+                };
+                routes.route_layer(layer)
+            }
             None => routes,
         };
         http::finish(routes, self.app.clone())
@@ -291,6 +403,39 @@ impl Resource {
     /// The fencing marks, or `None` without fencing.
     pub fn mark_store(&self) -> Option<&MarkStore> {
         self.marks.as_ref()
+    }
+
+    /// The admin routes (list, read and reset marks; see the `admin` module's
+    /// table in the crate docs), for a listener of their own: they have no
+    /// authentication, so never merge them into [`router`](Self::router).
+    /// `None` without fencing, and with PostgreSQL storage, whose marks live in
+    /// the database (the layer's marks there are a per-process cache).
+    pub fn admin_router(&self) -> Option<axum::Router> {
+        match (&self.marks, &self.app.data) {
+            (Some(marks), Backend::Redb(data)) => Some(admin::router(marks.clone(), Arc::clone(data))),
+            _ => None,
+        }
+    }
+
+    /// Serves [`admin_router`](Self::admin_router) on `listener` until
+    /// `shutdown` completes (each request knows its peer, for the reset log).
+    ///
+    /// # Errors
+    ///
+    /// This resource has no admin routes (`InvalidInput`), or accepting
+    /// connections failed.
+    pub async fn serve_admin<F>(&self, listener: TcpListener, shutdown: F) -> std::io::Result<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Some(router) = self.admin_router() else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no admin routes: they need fencing, and marks in this process (not --postgres)",
+            ));
+        };
+        let service = router.into_make_service_with_connect_info::<SocketAddr>();
+        axum::serve(listener, service).with_graceful_shutdown(shutdown).await
     }
 
     /// How many writes to `resource` (a path such as `/logs/billing`) are inside

@@ -11,6 +11,18 @@
 //!   that every replica checks (and by the per-process layer in front). It
 //!   creates the tables at start-up if missing. `--local-marks` keeps only the
 //!   per-process layer, to show that it is not enough with several replicas.
+//! * `serve --verify-key FILE`: a token may raise a path's mark only with the lock
+//!   service's `Fencing-Proof` for that path's lock (FILE: the public key, one line
+//!   of URL-safe base64); a raise without one is 403. Works with `--postgres` too
+//!   (the layer checks before the database's fence; give every replica the key).
+//! * `serve --admin-listen 127.0.0.1:9090`: the admin routes (`GET /marks`,
+//!   `GET /marks?key=K`, `POST /marks/reset`) on a second, loopback-only listener;
+//!   prints `admin listening on ADDR` after `listening on ADDR`. Off by default;
+//!   not with `--postgres` (its marks are in the database) or `--no-fencing`.
+//! * `demo-resource marks list | get KEY | reset KEY --to N [--data-dir DIR] [--json]`
+//!   reads or repairs the marks of a stopped service's data directory
+//!   (`DIR/marks.redb`; a reset sets the data's own fence in `DIR/data.redb` too);
+//!   refused while a `serve` still holds the files. docs/operating-marks.md.
 //! * `demo-resource scenario` runs the scenario in-process and prints its outcomes;
 //!   it exits non-zero if one differs from the expected one. With
 //!   `--lock-backend etcd --etcd-endpoints http://127.0.0.1:2379` the tokens come from etcd.
@@ -21,7 +33,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use demo_lock_service::shutdown_signal;
-use demo_resource::{Config, Resource, Storage, scenario};
+use demo_resource::{Config, ResetError, Resource, StoppedMarks, Storage, scenario};
+use fencing_layer::ProofPublicKey;
+use serde_json::json;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -37,6 +51,8 @@ struct Cli {
 enum Command {
     /// Serve the logs and key-value routes over HTTP.
     Serve(Serve),
+    /// List, read or reset the fencing marks of a stopped service's data directory.
+    Marks(MarksArgs),
     /// Run the seed's scenario (resources and, by default, the lock service in-process) and print the outcomes.
     Scenario(ScenarioArgs),
 }
@@ -57,6 +73,38 @@ enum LockBackendArg {
     Demo,
     /// etcd: the lock key's create revision is the token.
     Etcd,
+}
+
+#[derive(Debug, Args)]
+struct MarksArgs {
+    #[command(subcommand)]
+    command: MarksCommand,
+    /// The data directory the service used (`--data-dir` of `serve`); its marks are `DIR/marks.redb`.
+    #[arg(long, global = true, default_value = "./data/resource")]
+    data_dir: PathBuf,
+    /// Print JSON instead of lines of text.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum MarksCommand {
+    /// Every key and its mark, sorted by key: `KEY MARK` lines.
+    List,
+    /// One key's mark (the percent-decoded path, such as `/logs/billing`).
+    Get {
+        /// The key.
+        key: String,
+    },
+    /// Set one key's mark to N, lower or higher; prints `KEY OLD -> NEW`. Lowering
+    /// readmits the tokens between N and the old mark: only once their holders are gone.
+    Reset {
+        /// The key; it must have a mark already.
+        key: String,
+        /// The new mark.
+        #[arg(long, value_name = "N")]
+        to: u64,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -83,6 +131,14 @@ struct Serve {
     // argument conflicts with one given (`--in-memory --local-marks` would run).
     #[arg(long, requires = "postgres", conflicts_with_all = ["no_fencing", "in_memory", "data_dir"])]
     local_marks: bool,
+    /// The lock service's public key (one line of URL-safe base64): a token may raise a
+    /// mark only with a valid `Fencing-Proof` for its path's lock, else 403.
+    #[arg(long, value_name = "FILE", conflicts_with = "no_fencing")]
+    verify_key: Option<PathBuf>,
+    /// Serve the admin routes (list, read, reset marks) on this loopback address too.
+    /// They have no authentication. Off by default.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["no_fencing", "postgres"])]
+    admin_listen: Option<SocketAddr>,
 }
 
 #[tokio::main]
@@ -90,6 +146,8 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_filter = match cli.command {
         Command::Serve(_) => "info",
+        // A reset's warn line (key, old, new) is its record.
+        Command::Marks(_) => "warn",
         // The scenario's output is the report; the layer's rejections would only repeat it.
         Command::Scenario(_) => "warn",
     };
@@ -106,20 +164,44 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Marks(args) => match marks(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("demo-resource marks: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Scenario(args) => run_scenario(args).await,
     }
 }
 
 async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(admin) = args.admin_listen
+        && !admin.ip().is_loopback()
+    {
+        return Err(format!(
+            "--admin-listen {admin}: the admin routes have no authentication; give a loopback address"
+        )
+        .into());
+    }
+    let verify_key = match &args.verify_key {
+        Some(path) => Some(ProofPublicKey::read(path)?),
+        None => None,
+    };
     let config = match args.postgres {
         Some(url) => Config {
             storage: Storage::Postgres { url, fence_in_transaction: !args.local_marks },
             fencing: true,
+            verify_key: None,
         },
         None if args.in_memory => Config::in_memory(),
         None => Config::durable(&args.data_dir),
     };
     let config = if args.no_fencing { config.without_fencing() } else { config };
+    let config = match verify_key {
+        Some(key) => config.verify_key(key),
+        None => config,
+    };
     // Not the URL itself: it may hold a password.
     let storage = match &config.storage {
         Storage::Dir(dir) => format!("{}", dir.display()),
@@ -133,11 +215,102 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
     let listener =
         TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, pid = std::process::id(), storage, fencing = config.fencing, "resource listening");
+    let admin = match args.admin_listen {
+        Some(admin) => Some(
+            TcpListener::bind(admin).await.map_err(|e| format!("cannot listen on {admin} (admin): {e}"))?,
+        ),
+        None => None,
+    };
+    let verified = config.verify_key.is_some();
+    tracing::info!(%addr, pid = std::process::id(), storage, fencing = config.fencing, verified, "resource listening");
     println!("listening on {addr}");
-    resource.serve(listener, shutdown_signal()).await?;
+    // One signal stops both listeners.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop.send(true);
+    });
+    let until_stopped = move || {
+        let mut stopped = stopped.clone();
+        async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        }
+    };
+    let admin = match admin {
+        Some(listener) => {
+            let admin_addr = listener.local_addr()?;
+            tracing::warn!(%admin_addr, "admin routes listening (no authentication: keep them on loopback)");
+            println!("admin listening on {admin_addr}");
+            let resource = resource.clone();
+            let until = until_stopped();
+            Some(tokio::spawn(async move { resource.serve_admin(listener, until).await }))
+        }
+        None => None,
+    };
+    resource.serve(listener, until_stopped()).await?;
+    if let Some(admin) = admin {
+        admin.await??;
+    }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// `demo-resource marks …`: opens `DIR/marks.redb` and `DIR/data.redb` (never creates them) and acts on them.
+fn marks(args: MarksArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let stopped = StoppedMarks::open(&args.data_dir)?;
+    let file = args.data_dir.join("marks.redb");
+    let line = |key: &str, rest: &str| format!("{} {rest}", escape(key));
+    match args.command {
+        MarksCommand::List => {
+            let marks = stopped.marks();
+            if args.json {
+                let marks: Vec<_> =
+                    marks.iter().map(|(key, mark)| json!({ "key": key, "mark": mark })).collect();
+                println!("{}", json!({ "marks": marks }));
+            } else {
+                for (key, mark) in marks {
+                    println!("{}", line(&key, &mark.to_string()));
+                }
+            }
+        }
+        MarksCommand::Get { key } => {
+            let mark =
+                stopped.mark(&key).ok_or_else(|| format!("no mark for key {key:?} in {}", file.display()))?;
+            if args.json {
+                println!("{}", json!({ "key": key, "mark": mark }));
+            } else {
+                println!("{}", line(&key, &mark.to_string()));
+            }
+        }
+        MarksCommand::Reset { key, to } => {
+            let old = stopped.reset(&key, to).map_err(|error| match error {
+                ResetError::UnknownKey => {
+                    format!("no mark for key {key:?} in {}: nothing to reset", file.display())
+                }
+                error => format!("{key:?}: {error}"),
+            })?;
+            if args.json {
+                println!("{}", json!({ "key": key, "old": old, "new": to }));
+            } else {
+                println!("{}", line(&key, &format!("{old} -> {to}")));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A key on one line of text: backslashes and control characters escaped
+/// (`\\`, `\n`, `\u{7f}`), everything else as it is.
+fn escape(key: &str) -> String {
+    let mut escaped = String::with_capacity(key.len());
+    for c in key.chars() {
+        if c == '\\' || c.is_control() {
+            escaped.extend(c.escape_default());
+        } else {
+            escaped.push(c);
+        }
+    }
+    escaped
 }
 
 async fn run_scenario(args: ScenarioArgs) -> ExitCode {

@@ -67,6 +67,22 @@ impl Data {
         Ok(Self { db })
     }
 
+    /// Sets the data's own fence of `resource` to `to`, if it has one: the
+    /// second half of a mark reset (see `marks::reset`). Returns the old fence.
+    pub(crate) fn reset_fence(&self, resource: &str, to: u64) -> Result<Option<u64>, redb::Error> {
+        let txn = self.db.begin_write()?;
+        let old = {
+            let mut fences = txn.open_table(FENCES)?;
+            let old = fences.get(resource)?.map(|fence| fence.value());
+            if old.is_some() {
+                fences.insert(resource, to)?;
+            }
+            old
+        };
+        txn.commit()?;
+        Ok(old)
+    }
+
     /// Runs `change` in a write transaction after checking (and raising) the
     /// resource's fence, then commits.
     fn write<T>(

@@ -3,7 +3,9 @@
 //! * [`LockBackend`]: what a lock service must offer (acquire, keepalive, release,
 //!   each returning grant information). [`DemoLockClient`] implements it for the
 //!   workspace's `demo-lock-service` over HTTP; with the `etcd` feature,
-//!   `EtcdLockClient` implements it on etcd v3 (the lock key's create revision is the token).
+//!   `EtcdLockClient` implements it on etcd v3 (the lock key's create revision is the token);
+//!   with `postgres`, `PgLockClient` on PostgreSQL (a lease table, a durable counter row,
+//!   expiry on the database's clock).
 //! * [`Lease`]: a backend-agnostic handle that renews every TTL/3, keeps a local
 //!   deadline on the monotonic clock (send time of the last successful renewal +
 //!   TTL − safety margin), and on any renewal error, timeout, 404 or a passed
@@ -35,8 +37,13 @@ mod demo;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod lease;
+#[cfg(feature = "postgres")]
+mod postgres;
 
 pub use backend::{BoxFuture, Grant, LockBackend, LockError};
+/// The pool crate the PostgreSQL backend is built on (for `PgLockClient::from_pool`).
+#[cfg(feature = "postgres")]
+pub use deadpool_postgres;
 pub use demo::{DemoLockClient, LockStatus};
 #[cfg(feature = "etcd")]
 pub use etcd::{DEFAULT_ETCD_PREFIX, EtcdLockClient};
@@ -44,6 +51,8 @@ pub use etcd::{DEFAULT_ETCD_PREFIX, EtcdLockClient};
 #[cfg(feature = "etcd")]
 pub use etcd_client;
 pub use lease::{Lease, LeaseOptions, LossReason, Lost};
+#[cfg(feature = "postgres")]
+pub use postgres::{DEFAULT_PG_LOCK_TABLE, PgLockClient};
 
 use http::HeaderValue;
 use http::header::HeaderName;

@@ -5,7 +5,8 @@
 //!   workspace's `demo-lock-service` over HTTP; with the `etcd` feature,
 //!   `EtcdLockClient` implements it on etcd v3 (the lock key's create revision is the token);
 //!   with `postgres`, `PgLockClient` on PostgreSQL (a lease table, a durable counter row,
-//!   expiry on the database's clock).
+//!   expiry on the database's clock); with `redis`, `RedisLockClient` on Redis (`INCR` of a
+//!   per-lock counter, refusing a server that would lose it in a crash).
 //! * [`Lease`]: a backend-agnostic handle that renews every TTL/3, keeps a local
 //!   deadline on the monotonic clock (send time of the last successful renewal +
 //!   TTL − safety margin), and on any renewal error, timeout, 404 or a passed
@@ -39,6 +40,8 @@ mod etcd;
 mod lease;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis_lock;
 
 pub use backend::{BoxFuture, Grant, LockBackend, LockError};
 /// The pool crate the PostgreSQL backend is built on (for `PgLockClient::from_pool`).
@@ -53,6 +56,11 @@ pub use etcd_client;
 pub use lease::{Lease, LeaseOptions, LossReason, Lost};
 #[cfg(feature = "postgres")]
 pub use postgres::{DEFAULT_PG_LOCK_TABLE, PgLockClient};
+/// The Redis client crate the Redis backend is built on (for its connection type).
+#[cfg(feature = "redis")]
+pub use redis;
+#[cfg(feature = "redis")]
+pub use redis_lock::{DEFAULT_REDIS_PREFIX, RedisLockClient, RedisLockClientBuilder};
 
 use http::HeaderValue;
 use http::header::HeaderName;

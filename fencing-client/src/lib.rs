@@ -6,7 +6,8 @@
 //!   `EtcdLockClient` implements it on etcd v3 (the lock key's create revision is the token);
 //!   with `postgres`, `PgLockClient` on PostgreSQL (a lease table, a durable counter row,
 //!   expiry on the database's clock); with `redis`, `RedisLockClient` on Redis (`INCR` of a
-//!   per-lock counter, refusing a server that would lose it in a crash).
+//!   per-lock counter, refusing a server that would lose it in a crash); with `zookeeper`,
+//!   `ZkLockClient` on ZooKeeper (an ephemeral znode per lock, its creation zxid the token).
 //! * [`Lease`]: a backend-agnostic handle that renews every TTL/3, keeps a local
 //!   deadline on the monotonic clock (send time of the last successful renewal +
 //!   TTL − safety margin), and on any renewal error, timeout, 404 or a passed
@@ -42,6 +43,8 @@ mod lease;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis_lock;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 pub use backend::{BoxFuture, Grant, LockBackend, LockError};
 /// The pool crate the PostgreSQL backend is built on (for `PgLockClient::from_pool`).
@@ -61,6 +64,11 @@ pub use postgres::{DEFAULT_PG_LOCK_TABLE, PgLockClient};
 pub use redis;
 #[cfg(feature = "redis")]
 pub use redis_lock::{DEFAULT_REDIS_PREFIX, RedisLockClient, RedisLockClientBuilder};
+#[cfg(feature = "zookeeper")]
+pub use zookeeper::{DEFAULT_ZK_PREFIX, ZkLockClient};
+/// The ZooKeeper client crate the ZooKeeper backend is built on.
+#[cfg(feature = "zookeeper")]
+pub use zookeeper_client;
 
 use http::HeaderValue;
 use http::header::HeaderName;

@@ -25,7 +25,9 @@
 //!   refused while a `serve` still holds the files. docs/operating-marks.md.
 //! * `demo-resource scenario` runs the scenario in-process and prints its outcomes;
 //!   it exits non-zero if one differs from the expected one. With
-//!   `--lock-backend etcd --etcd-endpoints http://127.0.0.1:2379` the tokens come from etcd.
+//!   `--lock-backend etcd --etcd-endpoints http://127.0.0.1:2379` the tokens come from etcd;
+//!   likewise `--lock-backend postgres --postgres-url URL`, `--lock-backend redis --redis-url URL`
+//!   and `--lock-backend zookeeper --zookeeper HOST:PORT`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,12 +61,26 @@ enum Command {
 
 #[derive(Debug, Args)]
 struct ScenarioArgs {
-    /// Where the fencing tokens come from: the demo lock service (in-process) or etcd.
+    /// Where the fencing tokens come from: the demo lock service (in-process), etcd,
+    /// PostgreSQL, Redis or ZooKeeper.
     #[arg(long, value_enum, default_value_t = LockBackendArg::Demo)]
     lock_backend: LockBackendArg,
     /// etcd client URLs, comma-separated (with `--lock-backend etcd`).
     #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
     etcd_endpoints: Vec<String>,
+    /// PostgreSQL URL (with `--lock-backend postgres`); the lease tables are created if missing.
+    #[arg(long, value_name = "URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
+    postgres_url: String,
+    /// Redis URL (with `--lock-backend redis`). The server must have `appendonly yes` and
+    /// `appendfsync always`, unless --redis-accept-volatile-counter.
+    #[arg(long, value_name = "URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// Use a Redis that would lose its token counter in a crash (tokens could then repeat).
+    #[arg(long)]
+    redis_accept_volatile_counter: bool,
+    /// ZooKeeper ensemble, `HOST:PORT[,HOST:PORT…]` (with `--lock-backend zookeeper`).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:2181")]
+    zookeeper: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -73,6 +89,12 @@ enum LockBackendArg {
     Demo,
     /// etcd: the lock key's create revision is the token.
     Etcd,
+    /// PostgreSQL: a lease table and a durable counter row.
+    Postgres,
+    /// Redis: INCR of a per-lock counter (AOF with appendfsync always required).
+    Redis,
+    /// ZooKeeper: an ephemeral lock znode; its creation zxid is the token.
+    Zookeeper,
 }
 
 #[derive(Debug, Args)]
@@ -317,6 +339,12 @@ async fn run_scenario(args: ScenarioArgs) -> ExitCode {
     let source = match args.lock_backend {
         LockBackendArg::Demo => scenario::TokenSource::DemoLockService,
         LockBackendArg::Etcd => scenario::TokenSource::Etcd { endpoints: args.etcd_endpoints },
+        LockBackendArg::Postgres => scenario::TokenSource::Postgres { url: args.postgres_url },
+        LockBackendArg::Redis => scenario::TokenSource::Redis {
+            url: args.redis_url,
+            accept_volatile_counter: args.redis_accept_volatile_counter,
+        },
+        LockBackendArg::Zookeeper => scenario::TokenSource::ZooKeeper { cluster: args.zookeeper },
     };
     let report = match scenario::run_with(source).await {
         Ok(report) => report,

@@ -4,8 +4,8 @@
 //!
 //! Everything runs in this process on ephemeral `127.0.0.1` ports: the demo lock
 //! service, and one resource per run, each in a fresh temporary directory. With
-//! [`run_with`] and [`TokenSource::Etcd`] the tokens come from an etcd cluster
-//! instead (the lock key's create revision), through the same fencing layer.
+//! [`run_with`] the tokens come from etcd, PostgreSQL, Redis or ZooKeeper instead
+//! (see [`TokenSource`]), through the same fencing layer.
 //! No step waits on a guess about timing: B acquires once the lock service says
 //! A's lease has expired, and in the third run B acquires once A's write is known
 //! to be inside the handler.
@@ -24,7 +24,8 @@ use std::time::Duration;
 
 use demo_lock_service::LockService;
 use fencing_client::{
-    DemoLockClient, EtcdLockClient, Grant, Lease, LockBackend, LockError, LockStatus, fence_reqwest,
+    DemoLockClient, EtcdLockClient, Grant, Lease, LockBackend, LockError, LockStatus, PgLockClient,
+    RedisLockClient, ZkLockClient, fence_reqwest,
 };
 use serde_json::Value;
 
@@ -188,6 +189,27 @@ pub enum TokenSource {
         /// etcd client URLs.
         endpoints: Vec<String>,
     },
+    /// PostgreSQL at `url`: leases in `fencing_leases` (created if missing), a token from
+    /// the counter row `fencing_leases_token`, expiry on the database's clock.
+    Postgres {
+        /// `postgres://user@host:port/db` or `host=… dbname=…`.
+        url: String,
+    },
+    /// Redis at `url`: a token is `INCR` of the lock's counter key. Refused unless the
+    /// server has `appendonly yes` and `appendfsync always`, or `accept_volatile_counter`.
+    Redis {
+        /// `redis://host:port`.
+        url: String,
+        /// Run against a Redis that would lose its counter in a crash.
+        accept_volatile_counter: bool,
+    },
+    /// A ZooKeeper ensemble at `cluster` (`host:port,…`): a lock is an ephemeral znode
+    /// under `/fencing/locks`, a token its czxid. A's 200 ms TTL becomes the server's
+    /// minimum session timeout (2 ticks: 4 s by default), so the runs take longer.
+    ZooKeeper {
+        /// `host:port[,host:port…]`.
+        cluster: String,
+    },
 }
 
 /// The lock backend of a run.
@@ -195,6 +217,9 @@ enum Locks {
     Demo(DemoLockClient),
     // Boxed: etcd-client's `Client` is a few kilobytes.
     Etcd(Box<EtcdLockClient>),
+    Postgres(PgLockClient),
+    Redis(RedisLockClient),
+    ZooKeeper(Box<ZkLockClient>),
 }
 
 impl Locks {
@@ -203,6 +228,9 @@ impl Locks {
         match self {
             Locks::Demo(c) => c.acquire(name, holder, ttl).await,
             Locks::Etcd(c) => c.acquire(name, holder, ttl).await,
+            Locks::Postgres(c) => c.acquire(name, holder, ttl).await,
+            Locks::Redis(c) => c.acquire(name, holder, ttl).await,
+            Locks::ZooKeeper(c) => c.acquire(name, holder, ttl).await,
         }
     }
 
@@ -211,6 +239,9 @@ impl Locks {
         match self {
             Locks::Demo(c) => c.lease(name, holder, ttl).await,
             Locks::Etcd(c) => c.lease(name, holder, ttl).await,
+            Locks::Postgres(c) => c.lease(name, holder, ttl).await,
+            Locks::Redis(c) => c.lease(name, holder, ttl).await,
+            Locks::ZooKeeper(c) => c.lease(name, holder, ttl).await,
         }
     }
 
@@ -218,15 +249,19 @@ impl Locks {
         match self {
             Locks::Demo(c) => c.lock_status(name).await,
             Locks::Etcd(c) => c.lock_status(name).await,
+            Locks::Postgres(c) => c.lock_status(name).await,
+            Locks::Redis(c) => c.lock_status(name).await,
+            Locks::ZooKeeper(c) => c.lock_status(name).await,
         }
     }
 
     /// The shortest wait between two status checks: etcd reports whole seconds (0
-    /// during the last one), so polling it tighter would only load it.
+    /// during the last one) and ZooKeeper no time left at all, so polling them tighter
+    /// would only load them.
     fn poll_floor(&self) -> Duration {
         match self {
-            Locks::Demo(_) => Duration::from_millis(1),
-            Locks::Etcd(_) => Duration::from_millis(50),
+            Locks::Demo(_) | Locks::Postgres(_) | Locks::Redis(_) => Duration::from_millis(1),
+            Locks::Etcd(_) | Locks::ZooKeeper(_) => Duration::from_millis(50),
         }
     }
 }
@@ -253,7 +288,8 @@ pub async fn run() -> Result<Report, ScenarioError> {
 ///
 /// # Errors
 ///
-/// As [`run`]; with etcd, also when etcd cannot be reached.
+/// As [`run`]; with another backend, also when it cannot be reached (or, for
+/// Redis, when it would lose its token counter in a crash).
 pub async fn run_with(source: TokenSource) -> Result<Report, ScenarioError> {
     let dir = tempfile::tempdir().map_err(|e| fail("temporary directory", e))?;
     let mut lock_service = None;
@@ -269,6 +305,21 @@ pub async fn run_with(source: TokenSource) -> Result<Report, ScenarioError> {
         TokenSource::Etcd { endpoints } => {
             let client = EtcdLockClient::connect(&endpoints).await.map_err(|e| fail("etcd client", e))?;
             Locks::Etcd(Box::new(client))
+        }
+        TokenSource::Postgres { url } => {
+            let client = PgLockClient::connect(&url).map_err(|e| fail("PostgreSQL lock client", e))?;
+            client.migrate().await.map_err(|e| fail("PostgreSQL lock tables", e))?;
+            Locks::Postgres(client)
+        }
+        TokenSource::Redis { url, accept_volatile_counter } => {
+            let builder = RedisLockClient::builder(url).accept_volatile_counter(accept_volatile_counter);
+            let context = "Redis lock client (the CLI's --redis-accept-volatile-counter accepts the risk)";
+            Locks::Redis(builder.connect().await.map_err(|e| fail(context, e))?)
+        }
+        TokenSource::ZooKeeper { cluster } => {
+            let client =
+                ZkLockClient::connect(&cluster).await.map_err(|e| fail("ZooKeeper lock client", e))?;
+            Locks::ZooKeeper(Box::new(client))
         }
     };
     let clients = Clients {

@@ -80,6 +80,10 @@ pub enum LockError {
     Protocol(String),
     /// The caller passed invalid arguments (e.g. a safety margin not below the TTL).
     InvalidArgument(String),
+    /// The backend cannot keep its token counter across a crash (e.g. a Redis without
+    /// `appendonly yes` and `appendfsync always`), so its tokens could repeat or go
+    /// back; refused unless the caller explicitly accepts that risk.
+    NotDurable(String),
 }
 
 impl fmt::Display for LockError {
@@ -94,6 +98,7 @@ impl fmt::Display for LockError {
             LockError::Transport(e) => write!(f, "transport error: {e}"),
             LockError::Protocol(e) => write!(f, "protocol error: {e}"),
             LockError::InvalidArgument(e) => write!(f, "invalid argument: {e}"),
+            LockError::NotDurable(e) => write!(f, "tokens would not be durable: {e}"),
         }
     }
 }

@@ -3,7 +3,11 @@
 //! * [`LockBackend`]: what a lock service must offer (acquire, keepalive, release,
 //!   each returning grant information). [`DemoLockClient`] implements it for the
 //!   workspace's `demo-lock-service` over HTTP; with the `etcd` feature,
-//!   `EtcdLockClient` implements it on etcd v3 (the lock key's create revision is the token).
+//!   `EtcdLockClient` implements it on etcd v3 (the lock key's create revision is the token);
+//!   with `postgres`, `PgLockClient` on PostgreSQL (a lease table, a durable counter row,
+//!   expiry on the database's clock); with `redis`, `RedisLockClient` on Redis (`INCR` of a
+//!   per-lock counter, refusing a server that would lose it in a crash); with `zookeeper`,
+//!   `ZkLockClient` on ZooKeeper (an ephemeral znode per lock, its creation zxid the token).
 //! * [`Lease`]: a backend-agnostic handle that renews every TTL/3, keeps a local
 //!   deadline on the monotonic clock (send time of the last successful renewal +
 //!   TTL − safety margin), and on any renewal error, timeout, 404 or a passed
@@ -40,9 +44,18 @@ mod demo;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod lease;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis_lock;
 mod verify;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;
 
 pub use backend::{BoxFuture, Grant, LockBackend, LockError};
+/// The pool crate the PostgreSQL backend is built on (for `PgLockClient::from_pool`).
+#[cfg(feature = "postgres")]
+pub use deadpool_postgres;
 pub use demo::{DemoLockClient, LockStatus};
 #[cfg(feature = "etcd")]
 pub use etcd::{DEFAULT_ETCD_PREFIX, EtcdLockClient};
@@ -50,9 +63,21 @@ pub use etcd::{DEFAULT_ETCD_PREFIX, EtcdLockClient};
 #[cfg(feature = "etcd")]
 pub use etcd_client;
 pub use lease::{Lease, LeaseOptions, LossReason, Lost};
+#[cfg(feature = "postgres")]
+pub use postgres::{DEFAULT_PG_LOCK_TABLE, PgLockClient};
+/// The Redis client crate the Redis backend is built on (for its connection type).
+#[cfg(feature = "redis")]
+pub use redis;
+#[cfg(feature = "redis")]
+pub use redis_lock::{DEFAULT_REDIS_PREFIX, RedisLockClient, RedisLockClientBuilder};
 #[cfg(feature = "etcd")]
 pub use verify::EtcdVerifier;
 pub use verify::{DEFAULT_CACHE_CAPACITY, DEFAULT_CACHE_TTL, DemoLockVerifier};
+#[cfg(feature = "zookeeper")]
+pub use zookeeper::{DEFAULT_ZK_PREFIX, ZkLockClient};
+/// The ZooKeeper client crate the ZooKeeper backend is built on.
+#[cfg(feature = "zookeeper")]
+pub use zookeeper_client;
 
 use http::HeaderValue;
 use http::header::HeaderName;

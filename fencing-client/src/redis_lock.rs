@@ -463,6 +463,7 @@ mod tests {
             holder: "worker 1".into(),
             token: 42,
             ttl: Duration::from_secs(1),
+            proof: None,
         };
         let value = stored_value(&grant);
         assert_eq!(parse_value(&value), Some((grant.lease_id.as_str(), 42, "worker 1")));

@@ -289,6 +289,7 @@ async fn bad_input_and_a_missing_table_are_clear_errors() {
         holder: "a".into(),
         token: u64::MAX,
         ttl: Duration::from_secs(1),
+        proof: None,
     };
     assert!(matches!(locks.keepalive(&forged).await, Err(LockError::InvalidArgument(_))));
     assert!(matches!(locks.release(&forged).await, Err(LockError::InvalidArgument(_))));

@@ -300,6 +300,7 @@ async fn bad_input_is_a_clear_error() {
         holder: "a".into(),
         token: 1,
         ttl: Duration::from_secs(1),
+        proof: None,
     };
     assert_eq!(locks.keepalive(&forged).await, Err(LockError::LeaseNotFound));
     assert_eq!(locks.release(&forged).await, Err(LockError::LeaseNotFound));

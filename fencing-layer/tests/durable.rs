@@ -279,3 +279,43 @@ fn loaded_marks_count_toward_the_limit_and_are_all_kept() {
     assert_eq!(store.seed("d", 1), Err(StoreError::KeyTableFull { limit: 2 }));
     assert_eq!(store.seed("c", 4), Ok(4));
 }
+
+#[test]
+fn reopening_while_any_clone_lives_names_the_path_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("marks.redb");
+    let store = MarkStore::open(&path).unwrap();
+    let layer = FencingLayer::new().store(store.clone());
+    drop(store);
+
+    // The layer's clone still holds the file's lock.
+    let error = MarkStore::open(&path).expect_err("the file is locked while a clone lives");
+    assert_eq!(error, StoreError::AlreadyOpen { path: path.clone() });
+    let message = error.to_string();
+    assert!(
+        message.starts_with(&format!("cannot open the mark store {}: it is already open", path.display())),
+        "{message}"
+    );
+    assert!(
+        message.contains("in this process")
+            && message.contains("any clone")
+            && message.contains("another process"),
+        "{message}"
+    );
+    assert_eq!(RedbMarkLog::open(&path).err(), Some(StoreError::AlreadyOpen { path: path.clone() }));
+
+    // Once the last clone is gone, the file opens again.
+    drop(layer);
+    MarkStore::open(&path).unwrap();
+}
+
+#[test]
+fn an_open_error_names_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no-such-dir").join("marks.redb");
+    let error = MarkStore::open(&path).expect_err("the directory does not exist");
+    assert!(matches!(&error, StoreError::Open { path: p, .. } if *p == path), "{error:?}");
+    let message = error.to_string();
+    assert!(message.starts_with(&format!("cannot open the mark store {}: ", path.display())), "{message}");
+    assert!(std::error::Error::source(&error).is_some());
+}

@@ -33,6 +33,7 @@ mod shared;
 pub(crate) mod sync;
 
 use std::fmt;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -88,7 +89,11 @@ impl MarkStore {
     ///
     /// # Errors
     ///
-    /// The file cannot be opened or its marks cannot be read.
+    /// The file cannot be opened ([`StoreError::Open`], naming it) or its marks
+    /// cannot be read. The file is locked while the store lives, that is while
+    /// any clone of the returned handle (or a layer holding one) does: opening
+    /// it again meanwhile, here or in another process, is
+    /// [`StoreError::AlreadyOpen`]. Drop every clone first to reopen it.
     #[cfg(feature = "redb")]
     pub fn open(path: impl AsRef<std::path::Path>) -> Result<Self, StoreError> {
         Self::builder().open(path)
@@ -356,7 +361,11 @@ impl MarkStoreBuilder {
     ///
     /// # Errors
     ///
-    /// The file cannot be opened or its marks cannot be read.
+    /// The file cannot be opened ([`StoreError::Open`], naming it) or its marks
+    /// cannot be read. The file is locked while the store lives, that is while
+    /// any clone of the returned handle (or a layer holding one) does: opening
+    /// it again meanwhile, here or in another process, is
+    /// [`StoreError::AlreadyOpen`]. Drop every clone first to reopen it.
     #[cfg(feature = "redb")]
     pub fn open(self, path: impl AsRef<std::path::Path>) -> Result<MarkStore, StoreError> {
         self.durable(RedbMarkLog::open(path)?)
@@ -396,6 +405,20 @@ pub enum StoreError {
     Closed,
     /// A raise of the key is being recorded; a reset has to wait for it.
     Busy,
+    /// The durable log's file is locked by another handle: a [`MarkStore`]
+    /// (any clone of it, or a layer holding one) still alive in this process,
+    /// or another process.
+    AlreadyOpen {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The durable log's file could not be opened or created.
+    Open {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        error: Arc<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl StoreError {
@@ -414,6 +437,13 @@ impl fmt::Display for StoreError {
             Self::Log(error) => write!(f, "the mark log failed: {error}"),
             Self::Closed => f.write_str("the mark log writer has stopped"),
             Self::Busy => f.write_str("a raise of this key is being recorded; try again"),
+            Self::AlreadyOpen { path } => write!(
+                f,
+                "cannot open the mark store {}: it is already open, by a MarkStore in this process \
+                 (the file stays locked while any clone of it lives) or by another process",
+                path.display()
+            ),
+            Self::Open { path, error } => write!(f, "cannot open the mark store {}: {error}", path.display()),
         }
     }
 }
@@ -421,7 +451,7 @@ impl fmt::Display for StoreError {
 impl std::error::Error for StoreError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Log(error) => Some(&**error),
+            Self::Log(error) | Self::Open { error, .. } => Some(&**error),
             _ => None,
         }
     }
@@ -435,6 +465,10 @@ impl PartialEq for StoreError {
             (Self::Timeout(a), Self::Timeout(b)) => a == b,
             (Self::Log(a), Self::Log(b)) => Arc::ptr_eq(a, b) || a.to_string() == b.to_string(),
             (Self::Closed, Self::Closed) | (Self::Busy, Self::Busy) => true,
+            (Self::AlreadyOpen { path: a }, Self::AlreadyOpen { path: b }) => a == b,
+            (Self::Open { path: a, error: x }, Self::Open { path: b, error: y }) => {
+                a == b && (Arc::ptr_eq(x, y) || x.to_string() == y.to_string())
+            }
             _ => false,
         }
     }

@@ -4,8 +4,9 @@
 //! the data is fsync'd, which is exactly the promise `record` has to keep.
 
 use std::path::Path;
+use std::sync::Arc;
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, TableError};
+use redb::{Database, DatabaseError, ReadableDatabase, ReadableTable, TableDefinition, TableError};
 
 use super::{MarkLog, StoreError};
 
@@ -37,9 +38,16 @@ impl RedbMarkLog {
     ///
     /// # Errors
     ///
-    /// The file cannot be created, opened or locked (another process has it).
+    /// The file cannot be created or opened ([`StoreError::Open`]), or another
+    /// handle holds its lock ([`StoreError::AlreadyOpen`]): a `RedbMarkLog` or
+    /// [`MarkStore`](super::MarkStore) on it still alive in this process (any
+    /// clone keeps it), or another process. Both name the path.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
-        Database::create(path).map(|db| Self { db }).map_err(StoreError::log)
+        let path = path.as_ref();
+        Database::create(path).map(|db| Self { db }).map_err(|error| match error {
+            DatabaseError::DatabaseAlreadyOpen => StoreError::AlreadyOpen { path: path.to_owned() },
+            error => StoreError::Open { path: path.to_owned(), error: Arc::new(error) },
+        })
     }
 }
 

@@ -3,7 +3,7 @@
 //! process's resident memory is printed as it goes (BENCHMARKS.md §9).
 //!
 //! ```text
-//! cargo run --release -p demo-lock-service --example soak -- \
+//! cargo run --release -p demo-lock-service --example lease_soak -- \
 //!     [--max-leases N] [--attempts N] [--ttl-ms MS] [--concurrency N] [--report-every N]
 //! ```
 //!

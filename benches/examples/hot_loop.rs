@@ -7,6 +7,9 @@
 //! ```
 //!
 //! The first argument picks the service (`bare`, `noop`, `fenced`, `fenced_raise`,
+//! `verified` (an Ed25519 verifier, equal tokens: it is never asked),
+//! `signed_raise` and `verified_raise` (every request raises with a freshly signed
+//! proof; only the second checks it, so their difference is one verification),
 //! `handwritten`, `governor`), the second the number of requests (at most 100
 //! million), the third how many other keys to pre-seed (default 0). It prints the
 //! wall time and the on-CPU time per request (the latter from
@@ -21,11 +24,15 @@
 
 use axum::Router;
 use axum::body::Body;
-use fencing_benches::{fenced, governor, handwritten, noop, request, routes, seeded_store};
+use fencing_benches::{fenced, fenced_verified, governor, handwritten, noop, request, routes, seeded_store};
 use http::{Method, Request};
 use tower::{Service, ServiceExt};
 
 const HOT: &str = "/logs/hot";
+
+/// The lock service's key for the `*_raise` services' proofs.
+static SIGNER: std::sync::LazyLock<fencing_layer::ProofSigner> =
+    std::sync::LazyLock::new(|| fencing_layer::ProofSigner::generate().expect("randomness"));
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -41,7 +48,8 @@ fn main() {
         eprintln!("unknown service {service}");
         std::process::exit(2);
     };
-    let raise = service == "fenced_raise";
+    let raise = matches!(service.as_str(), "fenced_raise" | "signed_raise" | "verified_raise");
+    let sign = service.ends_with("_raise") && service != "fenced_raise";
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let cpu_start = thread_cpu_ns();
     let start = std::time::Instant::now();
@@ -52,7 +60,11 @@ fn main() {
             if raise {
                 token += 1;
             }
-            let req: Request<Body> = request(Method::POST, HOT, Some(&token.to_string()));
+            let mut req: Request<Body> = request(Method::POST, HOT, Some(&token.to_string()));
+            if sign {
+                let proof = SIGNER.sign(HOT, token);
+                req.headers_mut().insert("fencing-proof", proof.parse().expect("base64 is a header value"));
+            }
             let ready = ServiceExt::<Request<Body>>::ready(&mut router).await.expect("infallible");
             let response = ready.call(req).await.expect("infallible");
             assert!(response.status().is_success());
@@ -78,7 +90,8 @@ fn service_named(name: &str, others: usize) -> Option<Router> {
     Some(match name {
         "bare" => routes(),
         "noop" => noop(),
-        "fenced" | "fenced_raise" => fenced(seeded_store(others, 1, &[(HOT, 7)])),
+        "fenced" | "fenced_raise" | "signed_raise" => fenced(seeded_store(others, 1, &[(HOT, 7)])),
+        "verified" | "verified_raise" => fenced_verified(seeded_store(others, 1, &[(HOT, 7)]), &SIGNER),
         "handwritten" => handwritten::router(handwritten::seeded(others, &[(HOT, 7)])),
         "governor" => {
             let config = governor::seeded(others);

@@ -75,6 +75,13 @@ pub fn fenced(store: MarkStore) -> Router {
     routes().route_layer(FencingLayer::new().store(store))
 }
 
+/// [`routes`] fenced with `store` and an [`Ed25519Verifier`](fencing_layer::Ed25519Verifier)
+/// trusting `signer`'s key, each path its own lock.
+pub fn fenced_verified(store: MarkStore, signer: &fencing_layer::ProofSigner) -> Router {
+    let verifier = fencing_layer::Ed25519Verifier::new(signer.public_key());
+    routes().route_layer(FencingLayer::new().store(store).verifier(verifier))
+}
+
 /// An in-memory store holding `keys` keys ([`key`]`(0..keys)`, each with mark 1),
 /// room for `keys + extra_room` keys, then `extra` seeded on top.
 ///

@@ -293,10 +293,15 @@ pub async fn run() -> Result<Report, ScenarioError> {
 pub async fn run_with(source: TokenSource) -> Result<Report, ScenarioError> {
     let dir = tempfile::tempdir().map_err(|e| fail("temporary directory", e))?;
     let mut lock_service = None;
+    // The demo lock service signs its grants and the fenced resources check the
+    // proofs (`--signing-key`, `--verify-key`): a forged token could not raise a mark.
+    let mut verify_key = None;
     let locks = match source {
         TokenSource::DemoLockService => {
-            let service = LockService::open(demo_lock_service::Config::new(dir.path().join("locks")))
-                .map_err(|e| fail("lock service", e))?;
+            let signer = fencing_layer::ProofSigner::generate().map_err(|e| fail("signing key", e))?;
+            verify_key = Some(signer.public_key());
+            let config = demo_lock_service::Config::new(dir.path().join("locks")).with_signer(signer);
+            let service = LockService::open(config).map_err(|e| fail("lock service", e))?;
             let running = service.spawn(LOOPBACK).await.map_err(|e| fail("lock service", e))?;
             let client = DemoLockClient::new(running.base_url()).map_err(|e| fail("lock client", e))?;
             lock_service = Some(running);
@@ -333,9 +338,13 @@ pub async fn run_with(source: TokenSource) -> Result<Report, ScenarioError> {
 
     let unfenced = Config::durable(dir.path().join("unfenced")).without_fencing();
     let without_fencing = stale_after_newer(&clients, unfenced, "without-fencing").await?;
-    let fenced = Config::durable(dir.path().join("fenced"));
+    let verified = |config: Config| match verify_key {
+        Some(key) => config.verify_key(key),
+        None => config,
+    };
+    let fenced = verified(Config::durable(dir.path().join("fenced")));
     let with_fencing = stale_after_newer(&clients, fenced, "with-fencing").await?;
-    let in_flight = Config::durable(dir.path().join("in-flight"));
+    let in_flight = verified(Config::durable(dir.path().join("in-flight")));
     let (in_flight, b_arrived_while_a_inside) = stale_in_flight(&clients, in_flight, "in-flight").await?;
 
     if let Some(lock_service) = lock_service {
@@ -354,9 +363,9 @@ async fn stale_after_newer(clients: &Clients, config: Config, name: &str) -> Res
     let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
     wait_until_expired(clients, name).await?;
     let b = clients.locks.lease(name, "B", B_TTL).await.map_err(|e| fail("B acquires", e))?;
-    let b_answer = write(clients, &url, b.token(), B_WRITE).await?;
+    let b_answer = write(clients, &url, b.grant(), B_WRITE).await?;
     // A wakes up, still believing it holds the lock.
-    let a_answer = write(clients, &url, a.token, A_WRITE).await?;
+    let a_answer = write(clients, &url, &a, A_WRITE).await?;
 
     let b_token = b.token();
     b.release().await.map_err(|e| fail("B releases", e))?;
@@ -380,13 +389,13 @@ async fn stale_in_flight(
     let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
     // A sends a slow write while its lease is valid; then A is paused.
     let slow = format!("{url}?delay_ms={MAX_DELAY_MS}");
-    let a_write = tokio::spawn(write_owned(clients.http.clone(), slow, a.token, A_IN_FLIGHT_WRITE));
+    let a_write = tokio::spawn(write_owned(clients.http.clone(), slow, a.clone(), A_IN_FLIGHT_WRITE));
     // A's write has been admitted by the layer and is inside the handler.
     bounded("A's write is admitted", resource.wait_in_flight(&path, 1)).await?;
 
     wait_until_expired(clients, name).await?;
     let b = clients.locks.lease(name, "B", B_TTL).await.map_err(|e| fail("B acquires", e))?;
-    let b_write = tokio::spawn(write_owned(clients.http.clone(), url.clone(), b.token(), B_WRITE));
+    let b_write = tokio::spawn(write_owned(clients.http.clone(), url.clone(), b.grant().clone(), B_WRITE));
     // B's token has raised the mark: its write is at the layer, waiting for A's to leave.
     let marks = resource.mark_store().cloned().ok_or_else(|| ScenarioError("no mark store".into()))?;
     bounded("B's write reaches the layer", async {
@@ -447,21 +456,25 @@ async fn joined(
 async fn write(
     clients: &Clients,
     url: &str,
-    token: u64,
+    grant: &Grant,
     text: &'static str,
 ) -> Result<Answer, ScenarioError> {
-    write_owned(clients.http.clone(), url.to_owned(), token, text).await
+    write_owned(clients.http.clone(), url.to_owned(), grant.clone(), text).await
 }
 
-/// `POST`s `text` with `Fencing-Token: token`; returns how it was answered.
+/// `POST`s `text` with the grant's `Fencing-Token` (and `Fencing-Proof`, when
+/// the lock service signed it); returns how it was answered.
 async fn write_owned(
     http: reqwest::Client,
     url: String,
-    token: u64,
+    grant: Grant,
     text: &'static str,
 ) -> Result<Answer, ScenarioError> {
-    let response =
-        fence_reqwest(http.post(url).body(text), token).send().await.map_err(|e| fail("write", e))?;
+    let mut request = fence_reqwest(http.post(url).body(text), grant.token);
+    if let Some(proof) = &grant.proof {
+        request = request.header("fencing-proof", proof);
+    }
+    let response = request.send().await.map_err(|e| fail("write", e))?;
     let status = response.status();
     let body = response.text().await.map_err(|e| fail("write", e))?;
     let mut reason = status.canonical_reason().unwrap_or_default().to_owned();

@@ -136,6 +136,8 @@ impl Model {
                     Write::Fails => return Outcome::WriteFailed,
                     Write::Abandoned => return Outcome::Abandoned,
                 },
+                // Only asked for when the rules name a verifier; the model's do not.
+                Admission::Verify { .. } => unreachable!("the model admits without a verifier"),
             }
         }
     }

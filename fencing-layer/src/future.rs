@@ -12,6 +12,7 @@ use tokio::sync::oneshot;
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use crate::body::ResponseBody;
 use crate::layer::Shared;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
@@ -69,8 +70,10 @@ pin_project! {
             future: S::Future,
             permit: SharedPermit,
         },
+        // Answered in `call`; the response is built when first polled.
         Rejected {
-            response: Option<S::Response>,
+            rejection: Option<Rejection>,
+            shared: Arc<Shared<E, R>>,
         },
         Finished,
     }
@@ -170,8 +173,8 @@ where
         Self::from(Kind::Inside { future, guard: None })
     }
 
-    pub(crate) fn rejected(shared: &Shared<E, R>, rejection: Rejection) -> Self {
-        Self::from(Kind::rejected(shared, rejection))
+    pub(crate) fn rejected(shared: &Arc<Shared<E, R>>, rejection: Rejection) -> Self {
+        Self::from(Kind::Rejected { rejection: Some(rejection), shared: Arc::clone(shared) })
     }
 
     /// Calls `inner` with a request that [`Admission::Enter`] let in. `key` is
@@ -248,10 +251,6 @@ where
     S: Service<Request<B>, Response = Response<ResBody>>,
     R: RejectionResponder<ResBody>,
 {
-    fn rejected(shared: &Shared<E, R>, rejection: Rejection) -> Self {
-        Self::Rejected { response: Some(rejection.respond_with(&shared.responder)) }
-    }
-
     fn enter(
         inner: &mut S,
         mut request: Request<B>,
@@ -272,7 +271,8 @@ where
             // Overtaken between admission and now: it never reached the inner service.
             Err(highest) => {
                 drop(guard);
-                Self::rejected(shared, Rejection::Stale { key, presented: token.get(), highest })
+                let rejection = Rejection::Stale { key, presented: token.get(), highest };
+                Self::Rejected { rejection: Some(rejection), shared: Arc::clone(shared) }
             }
         }
     }
@@ -350,7 +350,7 @@ where
     S: Service<Request<B>, Response = Response<ResBody>>,
     R: RejectionResponder<ResBody>,
 {
-    type Output = Result<Response<ResBody>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut kind = self.project().kind;
@@ -360,7 +360,7 @@ where
                     let output = ready!(future.poll(cx));
                     // Leave the inner service as soon as it is done, not when this future is dropped.
                     kind.set(Kind::Finished);
-                    return Poll::Ready(output);
+                    return Poll::Ready(output.map(|response| response.map(ResponseBody::new)));
                 }
                 KindProj::Watched { future, watch } => {
                     let mut watching = watch.as_mut().project();
@@ -382,7 +382,7 @@ where
                     }
                     let output = ready!(future.poll(cx));
                     kind.set(Kind::Finished);
-                    return Poll::Ready(output);
+                    return Poll::Ready(output.map(|response| response.map(ResponseBody::new)));
                 }
                 KindProj::Admitting { waiting } => {
                     let waiting = waiting.as_mut().project();
@@ -536,9 +536,9 @@ where
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
                 }
-                KindProj::Rejected { response } => {
-                    let response = response.take().expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(response));
+                KindProj::Rejected { rejection, shared } => {
+                    let rejection = rejection.take().expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(rejection.respond_with(&shared.responder)));
                 }
                 KindProj::Finished => panic!("ResponseFuture polled after completion"),
             }

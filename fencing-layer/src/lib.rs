@@ -158,6 +158,7 @@
 
 #[cfg(feature = "axum")]
 mod axum;
+mod body;
 mod future;
 mod key;
 mod layer;
@@ -173,6 +174,7 @@ mod verify;
 
 #[cfg(feature = "axum")]
 pub use crate::axum::{MissingFencingToken, PathParamKey};
+pub use crate::body::ResponseBody;
 pub use crate::future::ResponseFuture;
 pub use crate::key::{GlobalKey, HeaderKey, KeyExtractor, PathKey};
 pub use crate::layer::{DEFAULT_DRAIN_TIMEOUT, FENCING_TOKEN, FencingLayer, InFlightPolicy};

@@ -526,7 +526,9 @@ where
                         }
                         Poll::Ready(Err(SharedRefusal::InvalidKey(why))) => {
                             tracing::debug!(key = ?pending.key, why, "the shared store refused the key");
-                            Rejection::MissingKey
+                            Rejection::MissingKey {
+                                why: format!("the shared store cannot hold this key: {why}").into(),
+                            }
                         }
                         Poll::Ready(Err(SharedRefusal::Unavailable(error))) => {
                             pending.store_unavailable(error)

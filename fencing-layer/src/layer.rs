@@ -1,5 +1,6 @@
 //! [`FencingLayer`]: the configuration, built once and shared by every route.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderName, Method};
 use tower_layer::Layer;
 
-use crate::key::PathKey;
+use crate::key::{KeyFn, KeyRequest, OwnedKeyFn, PathKey};
 use crate::methods::MethodSet;
 use crate::respond::ProblemJson;
 use crate::service::Fencing;
@@ -245,6 +246,31 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     pub fn key_extractor<E2>(self, extractor: E2) -> FencingLayer<E2, R> {
         let Shared { responder, config, .. } = Arc::unwrap_or_clone(self.shared);
         FencingLayer::from_parts(extractor, responder, config)
+    }
+
+    /// Keys requests with a closure that may borrow its key from the request;
+    /// it sees the request as a [`KeyRequest`], so it needs no annotations.
+    /// `None` is answered 400. See the [`key`](crate::KeyExtractor) docs.
+    ///
+    /// ```
+    /// let layer = fencing_layer::FencingLayer::new().key_fn(|request| request.header("x-tenant"));
+    /// # let _ = layer;
+    /// ```
+    pub fn key_fn<F>(self, key: F) -> FencingLayer<KeyFn<F>, R>
+    where
+        F: Fn(&dyn KeyRequest) -> Option<&str>,
+    {
+        self.key_extractor(KeyFn(key))
+    }
+
+    /// Keys requests with a closure that builds its key (a `String`, say);
+    /// like [`key_fn`](Self::key_fn) otherwise.
+    pub fn key_fn_owned<F, K>(self, key: F) -> FencingLayer<OwnedKeyFn<F>, R>
+    where
+        F: Fn(&dyn KeyRequest) -> Option<K>,
+        K: Into<Cow<'static, str>>,
+    {
+        self.key_extractor(OwnedKeyFn(key))
     }
 
     /// Answers rejections with `responder` instead of problem+json.

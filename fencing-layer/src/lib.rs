@@ -176,7 +176,9 @@ mod verify;
 pub use crate::axum::{MissingFencingToken, PathParamKey};
 pub use crate::body::ResponseBody;
 pub use crate::future::ResponseFuture;
-pub use crate::key::{GlobalKey, HeaderKey, KeyExtractor, PathKey};
+pub use crate::key::{
+    And, GlobalKey, HeaderKey, KeyExtractor, KeyExtractorExt, KeyFn, KeyRequest, Or, OwnedKeyFn, PathKey,
+};
 pub use crate::layer::{DEFAULT_DRAIN_TIMEOUT, FENCING_TOKEN, FencingLayer, InFlightPolicy};
 #[cfg(feature = "ed25519")]
 pub use crate::proof::{Ed25519Verifier, FENCING_PROOF, KeyError, ProofPublicKey, ProofSigner};

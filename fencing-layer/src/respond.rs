@@ -132,7 +132,7 @@ fn title(rejection: &Rejection) -> &'static str {
     match rejection {
         Rejection::MissingToken => "Fencing token required",
         Rejection::InvalidToken(_) => "Invalid fencing token",
-        Rejection::MissingKey => "No resource key",
+        Rejection::MissingKey { .. } => "No resource key",
         Rejection::KeyTooLong { .. } => "Resource key too long",
         Rejection::Stale { .. } => "Stale fencing token",
         Rejection::Cancelled { .. } => "Cancelled by a newer fencing token",

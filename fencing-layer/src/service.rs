@@ -111,7 +111,8 @@ where
             Err(error) => return ResponseFuture::rejected(shared, Rejection::InvalidToken(error)),
         };
         let Some(key) = shared.extractor.extract(&request) else {
-            return ResponseFuture::rejected(shared, Rejection::MissingKey);
+            let why = shared.extractor.missing(&request);
+            return ResponseFuture::rejected(shared, Rejection::MissingKey { why });
         };
         if config.shared_store.is_some() {
             let key = key.into_owned();

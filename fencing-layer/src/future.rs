@@ -6,13 +6,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::body::ResponseBody;
+use crate::grpc::is_grpc;
 use crate::layer::Shared;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
@@ -73,6 +74,7 @@ pin_project! {
         // Answered in `call`; the response is built when first polled.
         Rejected {
             rejection: Option<Rejection>,
+            grpc: bool,
             shared: Arc<Shared<E, R>>,
         },
         Finished,
@@ -143,6 +145,7 @@ pin_project! {
         guard: InsideGuard,
         key: String,
         token: FencingToken,
+        grpc: bool,
         shared: Arc<Shared<E, R>>,
     }
 }
@@ -173,8 +176,10 @@ where
         Self::from(Kind::Inside { future, guard: None })
     }
 
-    pub(crate) fn rejected(shared: &Arc<Shared<E, R>>, rejection: Rejection) -> Self {
-        Self::from(Kind::Rejected { rejection: Some(rejection), shared: Arc::clone(shared) })
+    /// Answers `rejection` to the request with `headers`.
+    pub(crate) fn rejected(shared: &Arc<Shared<E, R>>, rejection: Rejection, headers: &HeaderMap) -> Self {
+        let grpc = is_grpc(headers);
+        Self::from(Kind::Rejected { rejection: Some(rejection), grpc, shared: Arc::clone(shared) })
     }
 
     /// Calls `inner` with a request that [`Admission::Enter`] let in. `key` is
@@ -263,22 +268,31 @@ where
         let Some(key) = key else {
             return Self::Inside { future: inner.call(request), guard: Some(guard) };
         };
+        let grpc = is_grpc(request.headers());
         match guard.state().watch(token.get()) {
             Ok(overtaken) => Self::Watched {
                 future: inner.call(request),
-                watch: Box::pin(Watch { overtaken, guard, key, token, shared: Arc::clone(shared) }),
+                watch: Box::pin(Watch { overtaken, guard, key, token, grpc, shared: Arc::clone(shared) }),
             },
             // Overtaken between admission and now: it never reached the inner service.
             Err(highest) => {
                 drop(guard);
                 let rejection = Rejection::Stale { key, presented: token.get(), highest };
-                Self::Rejected { rejection: Some(rejection), shared: Arc::clone(shared) }
+                Self::Rejected { rejection: Some(rejection), grpc, shared: Arc::clone(shared) }
             }
         }
     }
 }
 
 impl<S, B, E, R> Pending<S, B, E, R> {
+    /// The response to this request for `rejection`.
+    fn answer<ResBody>(&self, rejection: Rejection) -> Response<ResponseBody<ResBody>>
+    where
+        R: RejectionResponder<ResBody>,
+    {
+        self.shared.answer(rejection, is_grpc(self.request.headers()))
+    }
+
     fn record(&self, duty: RecordDuty) -> Wake {
         Wake::Recorded { reply: self.shared.config.store.record(&self.key, duty) }
     }
@@ -373,7 +387,7 @@ where
                                     presented: watching.token.get(),
                                     highest,
                                 };
-                                let response = rejection.respond_with(&watching.shared.responder);
+                                let response = watching.shared.answer(rejection, *watching.grpc);
                                 // Drops the inner future, then the guard.
                                 kind.set(Kind::Finished);
                                 return Poll::Ready(Ok(response));
@@ -464,7 +478,7 @@ where
                             }
                         }
                     };
-                    let response = rejection.respond_with(&pending.shared.responder);
+                    let response = pending.answer(rejection);
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
                 }
@@ -498,7 +512,7 @@ where
                                 Err(error) => pending.store_unavailable(error),
                             },
                         };
-                        let response = rejection.respond_with(&pending.shared.responder);
+                        let response = pending.answer(rejection);
                         kind.set(Kind::Finished);
                         return Poll::Ready(Ok(response));
                     }
@@ -534,13 +548,13 @@ where
                             pending.store_unavailable(error)
                         }
                     };
-                    let response = rejection.respond_with(&pending.shared.responder);
+                    let response = pending.answer(rejection);
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
                 }
-                KindProj::Rejected { rejection, shared } => {
+                KindProj::Rejected { rejection, grpc, shared } => {
                     let rejection = rejection.take().expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(rejection.respond_with(&shared.responder)));
+                    return Poll::Ready(Ok(shared.answer(rejection, *grpc)));
                 }
                 KindProj::Finished => panic!("ResponseFuture polled after completion"),
             }

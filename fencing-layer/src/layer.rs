@@ -5,12 +5,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Method};
+use http::{HeaderName, Method, Request, Response};
 use tower_layer::Layer;
 
+use crate::body::ResponseBody;
+use crate::grpc::GrpcStatus;
 use crate::key::{KeyFn, KeyRequest, OwnedKeyFn, PathKey};
 use crate::methods::MethodSet;
-use crate::respond::ProblemJson;
+use crate::rejection::Rejection;
+use crate::respond::{ProblemJson, RejectionResponder};
 use crate::service::Fencing;
 use crate::store::admission::Rules;
 use crate::store::admission::WaitFor;
@@ -56,6 +59,21 @@ pub(crate) struct Shared<E, R> {
     pub(crate) config: Config,
 }
 
+impl<E, R> Shared<E, R> {
+    /// The response for `rejection`: a gRPC status to a gRPC request (unless
+    /// turned off), the responder's otherwise.
+    pub(crate) fn answer<B>(&self, rejection: Rejection, grpc: bool) -> Response<ResponseBody<B>>
+    where
+        R: RejectionResponder<B>,
+    {
+        if grpc && self.config.grpc_statuses {
+            rejection.respond_with(&GrpcStatus)
+        } else {
+            rejection.respond_with(&self.responder)
+        }
+    }
+}
+
 /// The settings that do not depend on the extractor or responder types.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -71,6 +89,23 @@ pub(crate) struct Config {
     /// When set, asked before any token raises a mark.
     pub(crate) verifier: Option<VerifierHandle>,
     pub(crate) verify_timeout: Duration,
+    /// Answer gRPC requests with gRPC statuses.
+    pub(crate) grpc_statuses: bool,
+    /// When set, requests it holds for pass through unfenced.
+    pub(crate) unfenced_if: Option<UnfencedIf>,
+}
+
+/// The [`FencingLayer::unfenced_if`] predicate: shared, and debug-printable.
+#[derive(Clone)]
+pub(crate) struct UnfencedIf(pub(crate) Arc<UnfencedFn>);
+
+/// A predicate over a request's head.
+type UnfencedFn = dyn Fn(&dyn KeyRequest) -> bool + Send + Sync;
+
+impl fmt::Debug for UnfencedIf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("UnfencedIf")
+    }
 }
 
 /// A [`TokenVerifier`] in the configuration: shared, and debug-printable.
@@ -94,8 +129,9 @@ impl fmt::Debug for SharedStoreHandle {
 }
 
 impl Config {
-    pub(crate) fn is_fenced(&self, method: &Method) -> bool {
-        !self.unfenced_methods.contains(method)
+    pub(crate) fn is_fenced<B>(&self, request: &Request<B>) -> bool {
+        !self.unfenced_methods.contains(request.method())
+            && !self.unfenced_if.as_ref().is_some_and(|unfenced| (unfenced.0)(request))
     }
 
     /// How long a request may wait for `what`.
@@ -141,6 +177,8 @@ impl FencingLayer {
             shared_store: None,
             verifier: None,
             verify_timeout: DEFAULT_VERIFY_TIMEOUT,
+            grpc_statuses: true,
+            unfenced_if: None,
         };
         Self::from_parts(PathKey, ProblemJson, config)
     }
@@ -246,6 +284,28 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     pub fn key_extractor<E2>(self, extractor: E2) -> FencingLayer<E2, R> {
         let Shared { responder, config, .. } = Arc::unwrap_or_clone(self.shared);
         FencingLayer::from_parts(extractor, responder, config)
+    }
+
+    /// Lets requests for which `unfenced` holds pass through, as unfenced
+    /// methods do: the read-only methods of a gRPC service (every gRPC call is
+    /// a POST), a health check, a path prefix. It sees the request as a
+    /// [`KeyRequest`], so it needs no annotations.
+    ///
+    /// ```
+    /// let layer = fencing_layer::FencingLayer::new()
+    ///     .unfenced_if(|request| request.path().starts_with("/ledger.Ledger/Get"));
+    /// # let _ = layer;
+    /// ```
+    pub fn unfenced_if(self, unfenced: impl Fn(&dyn KeyRequest) -> bool + Send + Sync + 'static) -> Self {
+        let unfenced = UnfencedIf(Arc::new(unfenced));
+        self.with(|s| s.unfenced_if = Some(unfenced))
+    }
+
+    /// Whether a gRPC request (`content-type: application/grpc…`) is refused
+    /// with a gRPC status (the default) or by the responder like any other.
+    /// See [`GrpcStatus`] for the mapping.
+    pub fn grpc_statuses(self, grpc: bool) -> Self {
+        self.with(|s| s.grpc_statuses = grpc)
     }
 
     /// Keys requests with a closure that may borrow its key from the request;

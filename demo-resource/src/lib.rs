@@ -91,6 +91,7 @@ mod marks;
 mod postgres;
 pub mod scenario;
 mod store;
+pub mod timeline;
 
 use std::collections::BTreeMap;
 use std::fmt;

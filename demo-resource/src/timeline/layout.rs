@@ -287,3 +287,65 @@ fn time_label(at: Duration, total: Duration) -> String {
         format!("{} ms", at.as_millis())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Layout, text_width};
+    use crate::timeline::{BarKind, Scale, Timeline, Tone};
+
+    /// A lease, then writes `offsets_us` microseconds after it, each with a long label.
+    fn burst(offsets_us: &[u64]) -> Timeline {
+        let mut timeline = Timeline::new("burst");
+        let lane = timeline.lane("client");
+        timeline.bar(lane, Duration::ZERO, Duration::from_millis(100), BarKind::Lease, "lease, token 1");
+        for (i, &offset) in offsets_us.iter().enumerate() {
+            let at = Duration::from_millis(100) + Duration::from_micros(offset);
+            timeline.point(lane, at, Tone::Stored, format!("write {i}, token 1 → 201 stored"));
+        }
+        timeline
+    }
+
+    #[test]
+    fn crowded_instants_keep_the_least_gap_and_a_long_one_is_shortened() {
+        let timeline = burst(&[0, 1_000, 2_000, 2_000_000]);
+        let layout = Layout::of(&timeline);
+        let xs: Vec<f64> = layout.ticks().collect();
+        let gaps: Vec<f64> = xs.windows(2).map(|pair| pair[1] - pair[0]).collect();
+        let scale = Scale::default();
+        assert_eq!(gaps.len(), 4);
+        assert!(gaps[0] > scale.min_gap && gaps[0] <= scale.max_gap, "{gaps:?}");
+        assert_eq!(&gaps[1..3], &[scale.min_gap, scale.min_gap]);
+        assert_eq!(gaps[3], scale.max_gap);
+        assert_eq!(layout.breaks.len(), 1);
+    }
+
+    #[test]
+    fn jitter_within_a_burst_does_not_move_anything() {
+        let steady = Layout::of(&burst(&[0, 1_000, 2_000, 3_000]));
+        let jittery = Layout::of(&burst(&[0, 1_400, 2_100, 3_900]));
+        assert_eq!(steady.ticks().collect::<Vec<_>>(), jittery.ticks().collect::<Vec<_>>());
+        assert_eq!(steady.point_labels, jittery.point_labels);
+        assert_eq!((steady.width, steady.height), (jittery.width, jittery.height));
+    }
+
+    #[test]
+    fn labels_in_one_row_never_overlap() {
+        let timeline = burst(&(0..40).map(|i| i * 10).collect::<Vec<_>>());
+        let layout = Layout::of(&timeline);
+        let extents: Vec<(f64, f64, f64)> = timeline
+            .points
+            .iter()
+            .zip(&layout.point_labels)
+            .map(|(point, (placed, _))| (placed.y, placed.x, placed.x + text_width(&point.label)))
+            .collect();
+        for (i, a) in extents.iter().enumerate() {
+            for b in &extents[i + 1..] {
+                assert!(a.0 != b.0 || a.2 <= b.1 || b.2 <= a.1, "{a:?} overlaps {b:?}");
+            }
+        }
+        // Forty long labels 30 px apart need several rows, and the lane grew to hold them.
+        assert!(layout.lanes[0].height > super::TRACK + 4.0 * super::ROW, "{:?}", layout.lanes[0]);
+    }
+}

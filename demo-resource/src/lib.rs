@@ -82,7 +82,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it.
+//! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it,
+//! and with `--timeline FILE.svg` draws it with [`timeline`].
 
 mod admin;
 mod backend;

@@ -10,6 +10,10 @@
 //! A's lease has expired, and in the third run B acquires once A's write is known
 //! to be inside the handler.
 //!
+//! The run records what happened when ([`Report::history`]);
+//! [`Report::timeline`] draws the three rounds on one time axis
+//! (`demo-resource scenario --timeline FILE.svg`).
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), demo_resource::scenario::ScenarioError> {
 //! let report = demo_resource::scenario::run().await?;

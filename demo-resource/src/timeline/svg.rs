@@ -59,6 +59,7 @@ pub(super) fn render(timeline: &Timeline, layout: &Layout) -> String {
     sections(&mut svg, timeline, layout);
     lanes(&mut svg, timeline, layout);
     axis(&mut svg, layout);
+    leaders(&mut svg, timeline, layout);
     bars(&mut svg, timeline, layout);
     points(&mut svg, timeline, layout);
     legend(&mut svg, timeline, layout);
@@ -180,34 +181,45 @@ fn bars(svg: &mut String, timeline: &Timeline, layout: &Layout) {
             top + offset,
             (to - from).max(2.0)
         );
-        if !bar.label.is_empty() {
-            let colour = if placed.inside { "#1f1f1f" } else { stroke };
-            label(svg, placed.x, placed.y, colour, false, &bar.label);
+        if bar.label.is_empty() {
+            continue;
         }
+        if placed.inside {
+            inside_label(svg, placed.x, placed.y, &bar.label);
+        } else {
+            label(svg, placed.x, placed.y, stroke, false, &bar.label);
+        }
+    }
+}
+
+/// A thin line from each labelled point down to its label's row, under everything
+/// else so that the labels it passes stay readable.
+fn leaders(svg: &mut String, timeline: &Timeline, layout: &Layout) {
+    for (point, (placed, _)) in timeline.points.iter().zip(&layout.point_labels) {
+        if point.label.is_empty() {
+            continue;
+        }
+        let (x, y) = (layout.x(point.at), point_y(layout.lanes[point.lane.0].y));
+        let (colour, _) = tone_style(point.tone);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{x}" y1="{y}" x2="{x}" y2="{}" stroke="{colour}" stroke-opacity="0.45"/>"##,
+            placed.y - 10.0
+        );
     }
 }
 
 fn points(svg: &mut String, timeline: &Timeline, layout: &Layout) {
     for (point, (placed, flag)) in timeline.points.iter().zip(&layout.point_labels) {
-        let lane = layout.lanes[point.lane.0];
-        let (x, y) = (layout.x(point.at), point_y(lane.y));
+        let (x, y) = (layout.x(point.at), point_y(layout.lanes[point.lane.0].y));
         let (colour, _) = tone_style(point.tone);
-        if point.label.is_empty() {
-            let _ = writeln!(
-                svg,
-                r##"<circle cx="{x}" cy="{y}" r="4.5" fill="{colour}" stroke="#ffffff" stroke-width="1.2"/>"##
-            );
-        } else {
-            // A thin leader from the point down to its label's row.
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{x}" y1="{y}" x2="{x}" y2="{}" stroke="{colour}" stroke-opacity="0.45"/>"##,
-                placed.y - 10.0
-            );
-            let _ = writeln!(
-                svg,
-                r##"<circle cx="{x}" cy="{y}" r="5.5" fill="{colour}" stroke="#ffffff" stroke-width="1.5"/>"##
-            );
+        // An unlabelled point (one of a run of alike events) is drawn a little smaller.
+        let radius = if point.label.is_empty() { 4.5 } else { 5.5 };
+        let _ = writeln!(
+            svg,
+            r##"<circle cx="{x}" cy="{y}" r="{radius}" fill="{colour}" stroke="#ffffff" stroke-width="1.5"/>"##
+        );
+        if !point.label.is_empty() {
             label(svg, placed.x, placed.y, colour, false, &point.label);
         }
         if let (Some(why), Some(at)) = (&point.flag, flag) {
@@ -220,11 +232,21 @@ fn points(svg: &mut String, timeline: &Timeline, layout: &Layout) {
     }
 }
 
+/// A label in a row: a white halo keeps it readable over the lines it crosses.
 fn label(svg: &mut String, x: f64, y: f64, colour: &str, bold: bool, text: &str) {
     let weight = if bold { r#" font-weight="bold""# } else { "" };
     let _ = writeln!(
         svg,
-        r##"<text x="{x}" y="{y}" font-family="monospace" font-size="10.5" fill="{colour}"{weight}>{}</text>"##,
+        r##"<text x="{x}" y="{y}" font-family="monospace" font-size="10.5" fill="{colour}" stroke="#ffffff" stroke-width="3" stroke-linejoin="round" paint-order="stroke"{weight}>{}</text>"##,
+        esc(text)
+    );
+}
+
+/// A label inside its bar, over the bar's colour.
+fn inside_label(svg: &mut String, x: f64, y: f64, text: &str) {
+    let _ = writeln!(
+        svg,
+        r##"<text x="{x}" y="{y}" font-family="monospace" font-size="10.5" fill="#1f1f1f">{}</text>"##,
         esc(text)
     );
 }

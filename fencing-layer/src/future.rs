@@ -12,7 +12,6 @@ use tokio::sync::oneshot;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
 use crate::grpc::is_grpc;
 use crate::layer::Shared;
 use crate::rejection::Rejection;
@@ -286,7 +285,7 @@ where
 
 impl<S, B, E, R> Pending<S, B, E, R> {
     /// The response to this request for `rejection`.
-    fn answer<ResBody>(&self, rejection: Rejection) -> Response<ResponseBody<ResBody>>
+    fn answer<ResBody>(&self, rejection: Rejection) -> Response<ResBody>
     where
         R: RejectionResponder<ResBody>,
     {
@@ -364,7 +363,7 @@ where
     S: Service<Request<B>, Response = Response<ResBody>>,
     R: RejectionResponder<ResBody>,
 {
-    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
+    type Output = Result<Response<ResBody>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut kind = self.project().kind;
@@ -374,7 +373,7 @@ where
                     let output = ready!(future.poll(cx));
                     // Leave the inner service as soon as it is done, not when this future is dropped.
                     kind.set(Kind::Finished);
-                    return Poll::Ready(output.map(|response| response.map(ResponseBody::new)));
+                    return Poll::Ready(output);
                 }
                 KindProj::Watched { future, watch } => {
                     let mut watching = watch.as_mut().project();
@@ -396,7 +395,7 @@ where
                     }
                     let output = ready!(future.poll(cx));
                     kind.set(Kind::Finished);
-                    return Poll::Ready(output.map(|response| response.map(ResponseBody::new)));
+                    return Poll::Ready(output);
                 }
                 KindProj::Admitting { waiting } => {
                     let waiting = waiting.as_mut().project();

@@ -4,9 +4,11 @@
 //! HTTP status, and takes any body as a message: a 409 with problem+json
 //! reaches it as "protocol error". So the layer answers a gRPC request
 //! (`content-type: application/grpc…`) with a *trailers-only* gRPC response
-//! (HTTP 200, the status in the headers, no body), whatever responder is set
-//! for HTTP (turn that off with
-//! [`FencingLayer::grpc_statuses`](crate::FencingLayer::grpc_statuses)):
+//! (HTTP 200, the status in the headers, no body) when its responder is the
+//! default [`ProblemJson`](crate::ProblemJson) (turn that off with
+//! [`FencingLayer::grpc_statuses`](crate::FencingLayer::grpc_statuses); a
+//! custom responder answers gRPC requests itself, or through
+//! [`RejectionResponder::respond_grpc`]):
 //!
 //! | rejection | HTTP | gRPC status |
 //! |---|---|---|
@@ -32,7 +34,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use crate::body::ResponseBody;
+use crate::body::RejectionBody;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
 
@@ -87,10 +89,10 @@ fn encoded(text: &str) -> HeaderValue {
     HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-impl<B> RejectionResponder<B> for GrpcStatus {
-    fn respond(&self, rejection: &Rejection) -> Response<ResponseBody<B>> {
+impl<B: RejectionBody> RejectionResponder<B> for GrpcStatus {
+    fn respond(&self, rejection: &Rejection) -> Response<B> {
         // Trailers-only: no body, so the headers end the stream and carry the status.
-        let mut response = Response::new(ResponseBody::full(Bytes::new()));
+        let mut response = Response::new(B::from_rejection(Bytes::new()));
         Self::headers(rejection, response.headers_mut());
         response
     }
@@ -135,7 +137,7 @@ mod tests {
     #[test]
     fn a_stale_token_is_aborted_with_its_fields_in_metadata() {
         let stale = Rejection::Stale { key: "/Ledger/ünï".into(), presented: 3, highest: 9 };
-        let response: Response<ResponseBody<()>> = GrpcStatus.respond(&stale);
+        let response: Response<Bytes> = GrpcStatus.respond(&stale);
         let h = response.headers();
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(h["grpc-status"], "10");

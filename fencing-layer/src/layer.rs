@@ -8,8 +8,6 @@ use std::time::Duration;
 use http::{HeaderName, Method, Request, Response};
 use tower_layer::Layer;
 
-use crate::body::ResponseBody;
-use crate::grpc::GrpcStatus;
 use crate::key::{KeyFn, KeyRequest, OwnedKeyFn, PathKey};
 use crate::methods::MethodSet;
 use crate::rejection::Rejection;
@@ -62,15 +60,24 @@ pub(crate) struct Shared<E, R> {
 impl<E, R> Shared<E, R> {
     /// The response for `rejection`: a gRPC status to a gRPC request (unless
     /// turned off), the responder's otherwise.
-    pub(crate) fn answer<B>(&self, rejection: Rejection, grpc: bool) -> Response<ResponseBody<B>>
+    pub(crate) fn answer<B>(&self, rejection: Rejection, grpc: bool) -> Response<B>
     where
         R: RejectionResponder<B>,
     {
         if grpc && self.config.grpc_statuses {
-            rejection.respond_with(&GrpcStatus)
+            rejection.respond_with(&GrpcFirst(&self.responder))
         } else {
             rejection.respond_with(&self.responder)
         }
+    }
+}
+
+/// A responder's gRPC answer where it has one, its plain answer otherwise.
+struct GrpcFirst<'r, R>(&'r R);
+
+impl<B, R: RejectionResponder<B>> RejectionResponder<B> for GrpcFirst<'_, R> {
+    fn respond(&self, rejection: &Rejection) -> Response<B> {
+        self.0.respond_grpc(rejection).unwrap_or_else(|| self.0.respond(rejection))
     }
 }
 
@@ -302,8 +309,9 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     }
 
     /// Whether a gRPC request (`content-type: application/grpc…`) is refused
-    /// with a gRPC status (the default) or by the responder like any other.
-    /// See [`GrpcStatus`] for the mapping.
+    /// with a gRPC status (the default, where the responder makes one:
+    /// [`ProblemJson`] does) or like any other request. See
+    /// [`GrpcStatus`](crate::GrpcStatus) for the mapping.
     pub fn grpc_statuses(self, grpc: bool) -> Self {
         self.with(|s| s.grpc_statuses = grpc)
     }

@@ -52,9 +52,9 @@
 //! Rejections are [RFC 9457] `application/problem+json` responses
 //! ([`ProblemJson`]), replaceable through [`FencingLayer::on_rejection`]; the
 //! typed [`Rejection`] is also in the response's extensions. A gRPC request is
-//! answered with a gRPC status instead ([`GrpcStatus`]). Responses carry a
-//! [`ResponseBody`]: the inner service's body, or the rejection's bytes, so the
-//! layer works with any body type.
+//! answered with a gRPC status instead ([`GrpcStatus`]). The layer keeps the
+//! inner service's response type; the default responder writes into any
+//! [`RejectionBody`] (axum's, `String`, `Full`, boxed bodies, tonic's).
 //!
 //! Two guarantees hold per key. **Monotonic admission**: the tokens of admitted
 //! requests, in order of admission, never decrease. **No overlap across
@@ -178,7 +178,7 @@ mod verify;
 
 #[cfg(feature = "axum")]
 pub use crate::axum::{MissingFencingToken, PathParamKey};
-pub use crate::body::ResponseBody;
+pub use crate::body::RejectionBody;
 pub use crate::future::ResponseFuture;
 pub use crate::grpc::GrpcStatus;
 pub use crate::key::{

@@ -1,9 +1,9 @@
 //! Turning a [`Rejection`] into a response.
 //!
 //! The default, [`ProblemJson`], answers with an RFC 9457
-//! `application/problem+json` body, whatever the inner service's body type.
-//! Any `Fn(&Rejection) -> Response<B>`, with `B` the inner service's body
-//! type, can replace it:
+//! `application/problem+json` body in any [`RejectionBody`]. Any
+//! `Fn(&Rejection) -> Response<B>`, with `B` the inner service's body type, can
+//! replace it:
 //!
 //! ```
 //! use axum::body::Body;
@@ -26,26 +26,31 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, header};
 use serde::Serialize;
 
-use crate::body::ResponseBody;
+use crate::body::RejectionBody;
+use crate::grpc::GrpcStatus;
 use crate::rejection::Rejection;
 
 /// Builds the response for a rejected request, for an inner service whose
 /// responses have bodies of type `B`.
-///
-/// The answer's body is a [`ResponseBody<B>`]: a body of the inner type
-/// ([`ResponseBody::new`]) or bytes of the responder's own
-/// ([`ResponseBody::full`]), so a responder need not know how to build a `B`.
 pub trait RejectionResponder<B> {
     /// The response to send for `rejection`. Its status should be `rejection.status()`.
-    fn respond(&self, rejection: &Rejection) -> Response<ResponseBody<B>>;
+    fn respond(&self, rejection: &Rejection) -> Response<B>;
+
+    /// The response to a gRPC request for `rejection`, where this responder
+    /// makes one; the layer falls back to [`respond`](Self::respond) on `None`.
+    /// [`ProblemJson`] answers with [`GrpcStatus`]; a closure answers `None`.
+    fn respond_grpc(&self, rejection: &Rejection) -> Option<Response<B>> {
+        let _ = rejection;
+        None
+    }
 }
 
 impl<B, F> RejectionResponder<B> for F
 where
     F: Fn(&Rejection) -> Response<B>,
 {
-    fn respond(&self, rejection: &Rejection) -> Response<ResponseBody<B>> {
-        self(rejection).map(ResponseBody::new)
+    fn respond(&self, rejection: &Rejection) -> Response<B> {
+        self(rejection)
     }
 }
 
@@ -144,9 +149,13 @@ fn title(rejection: &Rejection) -> &'static str {
     }
 }
 
-impl<B> RejectionResponder<B> for ProblemJson {
-    fn respond(&self, rejection: &Rejection) -> Response<ResponseBody<B>> {
-        let mut response = Response::new(ResponseBody::full(Self::body(rejection)));
+impl<B: RejectionBody> RejectionResponder<B> for ProblemJson {
+    fn respond_grpc(&self, rejection: &Rejection) -> Option<Response<B>> {
+        Some(GrpcStatus.respond(rejection))
+    }
+
+    fn respond(&self, rejection: &Rejection) -> Response<B> {
+        let mut response = Response::new(B::from_rejection(Self::body(rejection)));
         *response.status_mut() = rejection.status();
         response
             .headers_mut()
@@ -159,9 +168,8 @@ impl Rejection {
     /// The layer's response for this rejection: `responder`'s, plus
     /// `Retry-After` where it applies and the rejection itself in the
     /// extensions, with one log line. For a handler or a store that refuses
-    /// a request as the layer would (`fencing-postgres` does; with axum,
-    /// `.map(axum::body::Body::new)` makes it an axum `Response`).
-    pub fn respond_with<B, R: RejectionResponder<B>>(self, responder: &R) -> Response<ResponseBody<B>> {
+    /// a request as the layer would (`fencing-postgres` does).
+    pub fn respond_with<B, R: RejectionResponder<B>>(self, responder: &R) -> Response<B> {
         tracing::info!(
             kind = self.kind(),
             status = self.status().as_u16(),

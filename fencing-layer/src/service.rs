@@ -10,7 +10,6 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::body::ResponseBody;
 use crate::future::ResponseFuture;
 use crate::key::{KeyExtractor, PathKey};
 use crate::layer::{Config, FencingLayer, Shared};
@@ -90,7 +89,7 @@ where
     E: KeyExtractor<ReqBody>,
     R: RejectionResponder<ResBody>,
 {
-    type Response = Response<ResponseBody<ResBody>>;
+    type Response = Response<ResBody>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody, E, R>;
 

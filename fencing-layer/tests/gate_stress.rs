@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fencing_layer::{FencingLayer, FencingToken, InFlightPolicy, MarkStore, Rejection, ResponseBody};
+use fencing_layer::{FencingLayer, FencingToken, InFlightPolicy, MarkStore, Rejection};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Layer, ServiceExt, service_fn};
@@ -268,8 +268,7 @@ fn burst(role: Role, mode: Mode, rng: &mut Rng) -> u64 {
 /// the barrier, so traffic stops completely many times per run.
 async fn worker<S>(world: Arc<World<S>>, role: Role, mode: Mode, seed: u64) -> Tally
 where
-    S: tower::Service<Request<()>, Response = Response<ResponseBody<Full<Bytes>>>, Error = Infallible>
-        + Clone,
+    S: tower::Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
 {
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
@@ -291,8 +290,7 @@ where
 /// [`worker`] for [`Mode::Spin`], on its own OS thread.
 fn spin_worker<S>(world: &World<S>, role: Role, seed: u64) -> Tally
 where
-    S: tower::Service<Request<()>, Response = Response<ResponseBody<Full<Bytes>>>, Error = Infallible>
-        + Clone,
+    S: tower::Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
 {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut rng = Rng::new(seed);
@@ -327,8 +325,7 @@ where
 /// as the caller saw it, if it already looked.
 async fn send_one<S>(world: &World<S>, role: Role, current: Option<u64>, rng: &mut Rng, tally: &mut Tally)
 where
-    S: tower::Service<Request<()>, Response = Response<ResponseBody<Full<Bytes>>>, Error = Infallible>
-        + Clone,
+    S: tower::Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
 {
     let key = match role {
         Role::Mixed => rng.below(KEYS as u64) as usize,

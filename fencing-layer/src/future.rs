@@ -13,6 +13,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::layer::Shared;
+use crate::metrics::{InsideCount, Stopwatch};
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
 use crate::store::admission::{Admission, InsideGuard, KeyState, RecordDuty, WaitFor};
@@ -43,7 +44,7 @@ pin_project! {
         Inside {
             #[pin]
             future: S::Future,
-            guard: Option<InsideGuard>,
+            place: Option<Place>,
         },
         // Admitted under the cancel policy: dropped as soon as a higher token arrives.
         // Field order matters: the inner future is dropped before the guard (in
@@ -68,6 +69,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             permit: SharedPermit,
+            counted: InsideCount,
         },
         Rejected {
             response: Option<S::Response>,
@@ -88,6 +90,9 @@ pin_project! {
         state: Arc<KeyState>,
         // Taken when the request enters.
         pending: Option<Pending<S, B, E, R>>,
+        // How long this request waited for lower tokens to leave, and for its own durable write.
+        drain: Stopwatch,
+        record: Stopwatch,
     }
 }
 
@@ -138,10 +143,18 @@ pin_project! {
         #[pin]
         overtaken: OwnedNotified,
         guard: InsideGuard,
+        _counted: InsideCount,
         key: String,
         token: FencingToken,
         shared: Arc<Shared<E, R>>,
     }
+}
+
+/// An admitted request's place inside: the key's guard, and its count in the
+/// metrics (nothing without the `metrics` feature).
+struct Place {
+    _guard: InsideGuard,
+    _counted: InsideCount,
 }
 
 /// Why a waiting request's wake-up refused it.
@@ -167,7 +180,7 @@ where
     R: RejectionResponder<ResBody>,
 {
     pub(crate) fn unfenced(future: S::Future) -> Self {
-        Self::from(Kind::Inside { future, guard: None })
+        Self::from(Kind::Inside { future, place: None })
     }
 
     pub(crate) fn rejected(shared: &Shared<E, R>, rejection: Rejection) -> Self {
@@ -198,16 +211,25 @@ where
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
         let pending = Pending { inner, request, token, key, shared: Arc::clone(shared), verified: false };
+        let (mut drain, mut record) = (Stopwatch::new(), Stopwatch::new());
         let wake = match admission {
-            Admission::Wait(notified, waiting_for) => Wake::Notified { notified, waiting_for },
-            Admission::Record(duty) => pending.record(duty),
+            Admission::Wait(notified, waiting_for) => {
+                if waiting_for == WaitFor::Drain {
+                    drain.start();
+                }
+                Wake::Notified { notified, waiting_for }
+            }
+            Admission::Record(duty) => {
+                record.start();
+                pending.record(duty)
+            }
             Admission::Verify { mark } => Wake::Verifying { verification: pending.verify(mark) },
             Admission::Enter(_) | Admission::Stale { .. } => {
                 unreachable!("enter and stale are answered in `call`")
             }
         };
         let deadline = tokio::time::sleep_until(deadline_after(shared.config.bound(wake.bound())));
-        let waiting = Box::pin(Waiting { wake, deadline, state, pending: Some(pending) });
+        let waiting = Box::pin(Waiting { wake, deadline, state, pending: Some(pending), drain, record });
         Self::from(Kind::Admitting { waiting })
     }
 
@@ -249,7 +271,7 @@ where
     R: RejectionResponder<ResBody>,
 {
     fn rejected(shared: &Shared<E, R>, rejection: Rejection) -> Self {
-        Self::Rejected { response: Some(rejection.respond_with(&shared.responder)) }
+        Self::Rejected { response: Some(respond(shared, rejection)) }
     }
 
     fn enter(
@@ -262,13 +284,15 @@ where
     ) -> Self {
         request.extensions_mut().insert(token);
         let Some(key) = key else {
-            return Self::Inside { future: inner.call(request), guard: Some(guard) };
+            let place = Place { _guard: guard, _counted: shared.config.metrics.admitted() };
+            return Self::Inside { future: inner.call(request), place: Some(place) };
         };
         match guard.state().watch(token.get()) {
-            Ok(overtaken) => Self::Watched {
-                future: inner.call(request),
-                watch: Box::pin(Watch { overtaken, guard, key, token, shared: Arc::clone(shared) }),
-            },
+            Ok(overtaken) => {
+                let _counted = shared.config.metrics.admitted();
+                let watch = Watch { overtaken, guard, _counted, key, token, shared: Arc::clone(shared) };
+                Self::Watched { future: inner.call(request), watch: Box::pin(watch) }
+            }
             // Overtaken between admission and now: it never reached the inner service.
             Err(highest) => {
                 drop(guard);
@@ -276,6 +300,12 @@ where
             }
         }
     }
+}
+
+/// The response to `rejection`, counted in the metrics.
+fn respond<E, R: RejectionResponder<B>, B>(shared: &Shared<E, R>, rejection: Rejection) -> Response<B> {
+    shared.config.metrics.rejected(&rejection);
+    rejection.respond_with(&shared.responder)
 }
 
 impl<S, B, E, R> Pending<S, B, E, R> {
@@ -373,7 +403,7 @@ where
                                     presented: watching.token.get(),
                                     highest,
                                 };
-                                let response = rejection.respond_with(&watching.shared.responder);
+                                let response = respond(watching.shared, rejection);
                                 // Drops the inner future, then the guard.
                                 kind.set(Kind::Finished);
                                 return Poll::Ready(Ok(response));
@@ -387,6 +417,7 @@ where
                 KindProj::Admitting { waiting } => {
                     let waiting = waiting.as_mut().project();
                     let (mut wake, deadline, slot) = (waiting.wake, waiting.deadline, waiting.pending);
+                    let (drain, record) = (waiting.drain, waiting.record);
                     let state = &*waiting.state;
                     let Some(pending) = slot.as_mut() else { unreachable!("taken only on entering") };
                     let waited_for = wake.bound();
@@ -403,9 +434,14 @@ where
                         }
                     };
                     let config = &pending.shared.config;
+                    if woken.is_ready() && waited_for == WaitFor::Write {
+                        // This request's own write, if it was one, is done either way.
+                        config.metrics.recorded(record);
+                    }
                     let rejection = match woken {
                         Poll::Pending => {
                             ready!(deadline.poll(cx));
+                            config.metrics.recorded(record);
                             match waited_for {
                                 WaitFor::Write => pending
                                     .store_unavailable(StoreError::Timeout(config.store.write_timeout())),
@@ -422,12 +458,17 @@ where
                             _ => pending.store_unavailable(error),
                         },
                         Poll::Ready(Ok(())) => {
-                            match state.admit(
-                                &pending.key,
-                                pending.token.get(),
-                                config.rules(pending.verified),
-                            ) {
+                            let rules = config.rules(pending.verified);
+                            let (admission, raised) =
+                                state.admit_raising(&pending.key, pending.token.get(), rules);
+                            if raised {
+                                config.metrics.raised(&config.store);
+                            }
+                            match admission {
                                 Admission::Wait(notified, waiting_for) => {
+                                    if waiting_for == WaitFor::Drain {
+                                        drain.start();
+                                    }
                                     // A new bound when the wait changes kind (the write is
                                     // done, the drain begins); the same bound otherwise.
                                     if waiting_for != waited_for {
@@ -438,6 +479,7 @@ where
                                 }
                                 Admission::Record(duty) => {
                                     // The previous write failed: this request writes, with its own bound.
+                                    record.start();
                                     deadline.reset(deadline_after(config.store.write_timeout()));
                                     wake.set(pending.record(duty));
                                     continue;
@@ -449,6 +491,7 @@ where
                                     continue;
                                 }
                                 Admission::Enter(guard) => {
+                                    config.metrics.drain_waited(drain);
                                     let Some(pending) = slot.take() else { unreachable!("checked above") };
                                     let Pending { mut inner, request, token, key, shared, .. } = pending;
                                     tracing::debug!(
@@ -464,7 +507,8 @@ where
                             }
                         }
                     };
-                    let response = rejection.respond_with(&pending.shared.responder);
+                    pending.shared.config.metrics.drain_waited(drain);
+                    let response = respond(&pending.shared, rejection);
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
                 }
@@ -498,7 +542,7 @@ where
                                 Err(error) => pending.store_unavailable(error),
                             },
                         };
-                        let response = rejection.respond_with(&pending.shared.responder);
+                        let response = respond(&pending.shared, rejection);
                         kind.set(Kind::Finished);
                         return Poll::Ready(Ok(response));
                     }
@@ -513,10 +557,11 @@ where
                         }
                         Poll::Ready(Ok(permit)) => {
                             let Some(pending) = waiting.pending.take() else { unreachable!("checked above") };
-                            let Pending { mut inner, mut request, token, key, .. } = pending;
+                            let Pending { mut inner, mut request, token, key, shared, .. } = pending;
                             tracing::debug!(key = ?key, token = token.get(), "fenced request admitted by the shared store");
                             request.extensions_mut().insert(token);
-                            kind.set(Kind::SharedInside { future: inner.call(request), permit });
+                            let counted = shared.config.metrics.admitted();
+                            kind.set(Kind::SharedInside { future: inner.call(request), permit, counted });
                             continue;
                         }
                         Poll::Ready(Err(SharedRefusal::Stale { highest })) => pending.stale(highest),
@@ -532,7 +577,7 @@ where
                             pending.store_unavailable(error)
                         }
                     };
-                    let response = rejection.respond_with(&pending.shared.responder);
+                    let response = respond(&pending.shared, rejection);
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
                 }

@@ -9,6 +9,7 @@ use tower_layer::Layer;
 
 use crate::key::PathKey;
 use crate::methods::MethodSet;
+use crate::metrics::Metrics;
 use crate::respond::ProblemJson;
 use crate::service::Fencing;
 use crate::store::admission::Rules;
@@ -70,6 +71,8 @@ pub(crate) struct Config {
     /// When set, asked before any token raises a mark.
     pub(crate) verifier: Option<VerifierHandle>,
     pub(crate) verify_timeout: Duration,
+    /// Counters and the like (nothing without the `metrics` feature).
+    pub(crate) metrics: Metrics,
 }
 
 /// A [`TokenVerifier`] in the configuration: shared, and debug-printable.
@@ -140,6 +143,7 @@ impl FencingLayer {
             shared_store: None,
             verifier: None,
             verify_timeout: DEFAULT_VERIFY_TIMEOUT,
+            metrics: Metrics::new(),
         };
         Self::from_parts(PathKey, ProblemJson, config)
     }
@@ -241,6 +245,17 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
         self.with(|s| s.verify_timeout = timeout)
     }
 
+    /// Adds the label `layer="{name}"` to every metric this layer reports, so
+    /// that several fenced routers in one process can be told apart (feature
+    /// `metrics`; see the crate docs for the metrics). The name should be one
+    /// of a few fixed strings, never a resource key: each name is a series.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_label(self, name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
+        self.with(|s| s.metrics.set_label(name))
+    }
+
     /// Keys requests with `extractor` instead of by path.
     pub fn key_extractor<E2>(self, extractor: E2) -> FencingLayer<E2, R> {
         let Shared { responder, config, .. } = Arc::unwrap_or_clone(self.shared);
@@ -273,6 +288,7 @@ impl<E, R> fmt::Debug for FencingLayer<E, R> {
             .field("shared_store", &s.shared_store)
             .field("verifier", &s.verifier)
             .field("verify_timeout", &s.verify_timeout)
+            .field("metrics", &s.metrics)
             .finish_non_exhaustive()
     }
 }

@@ -11,7 +11,7 @@
 use axum::http::header;
 use axum::response::IntoResponse;
 use metrics::Unit;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 const GRANTS: &str = "lock_service_grants_total";
 const CONFLICTS: &str = "lock_service_conflicts_total";
@@ -52,15 +52,24 @@ pub(crate) fn describe() {
     }
 }
 
+/// Buckets for every `*_seconds` histogram (the fencing layer's drain and
+/// durable-record waits): from a fsync on a fast disk to the drain bound.
+const SECONDS_BUCKETS: [f64; 11] = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0];
+
 /// Installs a Prometheus recorder as the process's global recorder, and keeps
 /// its histograms trimmed (its upkeep, every 5 s, on the current tokio runtime).
-/// `GET /metrics` renders the handle it returns ([`Config::with_metrics`](crate::Config::with_metrics)).
+/// Histograms in seconds are Prometheus histograms (buckets add up across
+/// replicas, where summaries' quantiles do not). `GET /metrics` renders the
+/// handle it returns ([`Config::with_metrics`](crate::Config::with_metrics)).
 ///
 /// # Errors
 ///
 /// A global recorder is installed already.
 pub fn install_prometheus() -> Result<PrometheusHandle, String> {
-    let handle = PrometheusBuilder::new().install_recorder().map_err(|e| e.to_string())?;
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|e| e.to_string())?;
     let upkeep = handle.clone();
     tokio::spawn(async move {
         let mut every = tokio::time::interval(std::time::Duration::from_secs(5));

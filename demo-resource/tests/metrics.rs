@@ -32,7 +32,11 @@ async fn a_stale_write_shows_in_the_scrape() {
         r#"fencing_tracked_keys{layer="demo-resource"} 1"#,
         r#"fencing_requests_inside{layer="demo-resource"} 0"#,
         "# TYPE fencing_requests_total counter",
-        "# TYPE fencing_drain_wait_seconds summary",
+        "# TYPE fencing_drain_wait_seconds histogram",
+        // The drain-wait histogram's buckets exist before anything waited.
+        r#"fencing_drain_wait_seconds_bucket{layer="demo-resource",le="0.0005"} 0"#,
+        r#"fencing_drain_wait_seconds_count{layer="demo-resource"} 0"#,
+        r#"fencing_durable_record_seconds_count{layer="demo-resource"} 0"#,
     ] {
         assert!(lines.contains(&expected), "no line {expected:?} in:\n{text}");
     }

@@ -83,7 +83,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it.
+//! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it,
+//! and with `--timeline FILE.svg` draws it with [`timeline`].
 
 mod admin;
 mod backend;
@@ -93,6 +94,7 @@ mod metrics;
 mod postgres;
 pub mod scenario;
 mod store;
+pub mod timeline;
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -27,7 +27,9 @@
 //!   it exits non-zero if one differs from the expected one. With
 //!   `--lock-backend etcd --etcd-endpoints http://127.0.0.1:2379` the tokens come from etcd;
 //!   likewise `--lock-backend postgres --postgres-url URL`, `--lock-backend redis --redis-url URL`
-//!   and `--lock-backend zookeeper --zookeeper HOST:PORT`.
+//!   and `--lock-backend zookeeper --zookeeper HOST:PORT`. `--timeline FILE.svg` also
+//!   draws the three rounds on one time axis (grants, leases, the pause, each write's
+//!   token and outcome, the resource's mark).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -81,6 +83,9 @@ struct ScenarioArgs {
     /// ZooKeeper ensemble, `HOST:PORT[,HOST:PORT…]` (with `--lock-backend zookeeper`).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:2181")]
     zookeeper: String,
+    /// Also draw the three rounds on one time axis, as an SVG picture written to FILE.
+    #[arg(long, value_name = "FILE.svg")]
+    timeline: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -355,6 +360,13 @@ async fn run_scenario(args: ScenarioArgs) -> ExitCode {
         }
     };
     print!("{report}");
+    if let Some(path) = &args.timeline {
+        if let Err(e) = std::fs::write(path, report.timeline().to_svg()) {
+            eprintln!("cannot write the timeline to {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("timeline: {}", path.display());
+    }
     let problems = report.problems();
     if problems.is_empty() {
         return ExitCode::SUCCESS;

@@ -10,6 +10,10 @@
 //! A's lease has expired, and in the third run B acquires once A's write is known
 //! to be inside the handler.
 //!
+//! The run records what happened when ([`Report::history`]);
+//! [`Report::timeline`] draws the three rounds on one time axis
+//! (`demo-resource scenario --timeline FILE.svg`).
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), demo_resource::scenario::ScenarioError> {
 //! let report = demo_resource::scenario::run().await?;
@@ -17,6 +21,9 @@
 //! assert!(report.problems().is_empty());
 //! # Ok(()) }
 //! ```
+
+mod picture;
+mod record;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -30,6 +37,8 @@ use fencing_client::{
 use serde_json::Value;
 
 use crate::{Config, Entry, MAX_DELAY_MS, Resource, RunningResource};
+use record::Recorder;
+pub use record::{Happening, Holder, Recorded, Round};
 
 /// What B writes, under its valid lease.
 pub const B_WRITE: &str = "B: write under valid lease";
@@ -95,6 +104,9 @@ pub struct Report {
     /// In the in-flight run: B's write had reached the layer (its token raised the
     /// mark) while A's write was still inside the handler.
     pub b_arrived_while_a_inside: bool,
+    /// What happened when, in all three runs: grants, expiries, writes and
+    /// their answers, the marks seen ([`Report::timeline`] draws it).
+    pub history: Vec<Recorded>,
 }
 
 impl Report {
@@ -270,6 +282,7 @@ impl Locks {
 struct Clients {
     locks: Locks,
     http: reqwest::Client,
+    record: Recorder,
 }
 
 const LOOPBACK: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
@@ -334,41 +347,65 @@ pub async fn run_with(source: TokenSource) -> Result<Report, ScenarioError> {
             .timeout(STEP_BOUND * 2)
             .build()
             .map_err(|e| fail("http client", e))?,
+        record: Recorder::new(),
     };
 
     let unfenced = Config::durable(dir.path().join("unfenced")).without_fencing();
-    let without_fencing = stale_after_newer(&clients, unfenced, "without-fencing").await?;
+    let without_fencing =
+        stale_after_newer(&clients, unfenced, Round::WithoutFencing, "without-fencing").await?;
     let verified = |config: Config| match verify_key {
         Some(key) => config.verify_key(key),
         None => config,
     };
     let fenced = verified(Config::durable(dir.path().join("fenced")));
-    let with_fencing = stale_after_newer(&clients, fenced, "with-fencing").await?;
+    let with_fencing = stale_after_newer(&clients, fenced, Round::WithFencing, "with-fencing").await?;
     let in_flight = verified(Config::durable(dir.path().join("in-flight")));
     let (in_flight, b_arrived_while_a_inside) = stale_in_flight(&clients, in_flight, "in-flight").await?;
 
     if let Some(lock_service) = lock_service {
         lock_service.shutdown().await.map_err(|e| fail("lock service shutdown", e))?;
     }
-    Ok(Report { without_fencing, with_fencing, in_flight, b_arrived_while_a_inside })
+    let history = clients.record.take();
+    Ok(Report { without_fencing, with_fencing, in_flight, b_arrived_while_a_inside, history })
 }
 
 /// The seed's scenario: A acquires and is paused past its TTL; B acquires and
 /// writes; A wakes and writes with its old token.
-async fn stale_after_newer(clients: &Clients, config: Config, name: &str) -> Result<Run, ScenarioError> {
+async fn stale_after_newer(
+    clients: &Clients,
+    config: Config,
+    round: Round,
+    name: &str,
+) -> Result<Run, ScenarioError> {
     let resource = start(config).await?;
-    let url = format!("{}/logs/{name}", resource.base_url());
+    let path = format!("/logs/{name}");
+    let url = format!("{}{path}", resource.base_url());
+    let record = &clients.record;
+    record.note(Happening::RoundStarted(round));
+    let marks = resource.resource().mark_store().cloned();
+    let note_mark = || record.note(Happening::Mark(marks.as_ref().and_then(|marks| marks.mark(&path))));
+    if marks.is_none() {
+        note_mark();
+    }
 
     // A acquires, then is paused: a raw grant, so no keepalive runs for it either.
     let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
+    record.note(Happening::Granted { holder: Holder::A, token: a.token });
     wait_until_expired(clients, name).await?;
+    record.note(Happening::Expired { holder: Holder::A });
     let b = clients.locks.lease(name, "B", B_TTL).await.map_err(|e| fail("B acquires", e))?;
-    let b_answer = write(clients, &url, b.grant(), B_WRITE).await?;
+    record.note(Happening::Granted { holder: Holder::B, token: b.token() });
+    let b_answer = write(clients, Holder::B, &url, b.grant(), B_WRITE).await?;
+    if marks.is_some() {
+        note_mark();
+    }
     // A wakes up, still believing it holds the lock.
-    let a_answer = write(clients, &url, &a, A_WRITE).await?;
+    let a_answer = write(clients, Holder::A, &url, &a, A_WRITE).await?;
 
     let b_token = b.token();
     b.release().await.map_err(|e| fail("B releases", e))?;
+    record.note(Happening::Released { holder: Holder::B });
+    record.note(Happening::RoundEnded(round));
     let log = read_log(clients, &url).await?;
     resource.shutdown().await.map_err(|e| fail("resource shutdown", e))?;
     Ok(Run { a_token: a.token, b_token, a: a_answer, b: b_answer, log })
@@ -385,25 +422,48 @@ async fn stale_in_flight(
     let resource = running.resource().clone();
     let path = format!("/logs/{name}");
     let url = format!("{}{path}", running.base_url());
+    let record = &clients.record;
+    record.note(Happening::RoundStarted(Round::InFlight));
+    let marks = resource.mark_store().cloned().ok_or_else(|| ScenarioError("no mark store".into()))?;
 
     let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
+    record.note(Happening::Granted { holder: Holder::A, token: a.token });
     // A sends a slow write while its lease is valid; then A is paused.
     let slow = format!("{url}?delay_ms={MAX_DELAY_MS}");
-    let a_write = tokio::spawn(write_owned(clients.http.clone(), slow, a.clone(), A_IN_FLIGHT_WRITE));
+    let a_write = tokio::spawn(write_owned(
+        clients.http.clone(),
+        record.clone(),
+        Holder::A,
+        slow,
+        a.clone(),
+        A_IN_FLIGHT_WRITE,
+    ));
     // A's write has been admitted by the layer and is inside the handler.
     bounded("A's write is admitted", resource.wait_in_flight(&path, 1)).await?;
+    record.note(Happening::WriteInside { holder: Holder::A });
+    record.note(Happening::Mark(marks.mark(&path)));
 
     wait_until_expired(clients, name).await?;
+    record.note(Happening::Expired { holder: Holder::A });
     let b = clients.locks.lease(name, "B", B_TTL).await.map_err(|e| fail("B acquires", e))?;
-    let b_write = tokio::spawn(write_owned(clients.http.clone(), url.clone(), b.grant().clone(), B_WRITE));
+    record.note(Happening::Granted { holder: Holder::B, token: b.token() });
+    let b_write = tokio::spawn(write_owned(
+        clients.http.clone(),
+        record.clone(),
+        Holder::B,
+        url.clone(),
+        b.grant().clone(),
+        B_WRITE,
+    ));
     // B's token has raised the mark: its write is at the layer, waiting for A's to leave.
-    let marks = resource.mark_store().cloned().ok_or_else(|| ScenarioError("no mark store".into()))?;
     bounded("B's write reaches the layer", async {
         while marks.mark(&path) != Some(b.token()) {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
     })
     .await?;
+    record.note(Happening::Mark(Some(b.token())));
+    record.note(Happening::WriteAtDoor { holder: Holder::B });
     // One write inside and nothing applied yet: that one is A's, B's is held at the layer.
     let b_arrived_while_a_inside =
         resource.in_flight(&path) == 1 && read_log(clients, &url).await?.is_empty();
@@ -414,6 +474,8 @@ async fn stale_in_flight(
     let b_answer = joined(b_write).await?;
     let b_token = b.token();
     b.release().await.map_err(|e| fail("B releases", e))?;
+    record.note(Happening::Released { holder: Holder::B });
+    record.note(Happening::RoundEnded(Round::InFlight));
     let log = read_log(clients, &url).await?;
     running.shutdown().await.map_err(|e| fail("resource shutdown", e))?;
     let run = Run { a_token: a.token, b_token, a: a_answer, b: b_answer, log };
@@ -455,27 +517,34 @@ async fn joined(
 
 async fn write(
     clients: &Clients,
+    holder: Holder,
     url: &str,
     grant: &Grant,
     text: &'static str,
 ) -> Result<Answer, ScenarioError> {
-    write_owned(clients.http.clone(), url.to_owned(), grant.clone(), text).await
+    let record = clients.record.clone();
+    write_owned(clients.http.clone(), record, holder, url.to_owned(), grant.clone(), text).await
 }
 
 /// `POST`s `text` with the grant's `Fencing-Token` (and `Fencing-Proof`, when
-/// the lock service signed it); returns how it was answered.
+/// the lock service signed it); returns how it was answered, and records when.
 async fn write_owned(
     http: reqwest::Client,
+    record: Recorder,
+    holder: Holder,
     url: String,
     grant: Grant,
     text: &'static str,
 ) -> Result<Answer, ScenarioError> {
-    let mut request = fence_reqwest(http.post(url).body(text), grant.token);
+    let token = grant.token;
+    let mut request = fence_reqwest(http.post(url).body(text), token);
     if let Some(proof) = &grant.proof {
         request = request.header("fencing-proof", proof);
     }
+    record.note(Happening::WriteSent { holder, token });
     let response = request.send().await.map_err(|e| fail("write", e))?;
     let status = response.status();
+    record.note(Happening::WriteAnswered { holder, token, status: status.as_u16() });
     let body = response.text().await.map_err(|e| fail("write", e))?;
     let mut reason = status.canonical_reason().unwrap_or_default().to_owned();
     if !status.is_success() {

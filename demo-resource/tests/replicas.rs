@@ -117,18 +117,25 @@ async fn log(http: &Client, replica: &Replica, path: &str) -> Vec<(u64, String)>
 
 /// Waits until `n` sessions of the database are inside a transaction, idle (so
 /// in a `delay_ms` wait); with `fenced`, past the fence: holding a mark row.
-async fn inside_transactions(db: &tokio_postgres::Client, n: i64, fenced: bool) {
+/// Only transactions begun since `since` (the database's clock, from [`db_now`])
+/// count: an earlier request's transaction can still be rolling back.
+async fn inside_transactions(db: &tokio_postgres::Client, n: i64, fenced: bool, since: &str) {
     let sql = "SELECT count(DISTINCT a.pid) FROM pg_stat_activity a
         LEFT JOIN pg_locks l ON l.pid = a.pid AND l.relation = 'fencing_marks'::regclass
             AND l.mode = 'RowExclusiveLock' AND l.granted
         WHERE a.datname = current_database() AND a.state = 'idle in transaction'
-            AND (NOT $1 OR l.pid IS NOT NULL)";
+            AND (NOT $1 OR l.pid IS NOT NULL) AND a.xact_start >= $2::text::timestamptz";
     let waited = tokio::time::timeout(BOUND, async {
-        while db.query_one(sql, &[&fenced]).await.unwrap().get::<_, i64>(0) < n {
+        while db.query_one(sql, &[&fenced, &since]).await.unwrap().get::<_, i64>(0) < n {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     });
     waited.await.unwrap_or_else(|_| panic!("{n} writes never got inside their transactions"));
+}
+
+/// The database's clock now, for [`inside_transactions`].
+async fn db_now(db: &tokio_postgres::Client) -> String {
+    db.query_one("SELECT clock_timestamp()::text", &[]).await.unwrap().get(0)
 }
 
 /// The keys the random schedule writes: three logs and one key-value pair.
@@ -321,8 +328,10 @@ async fn seed_scenario(local_marks: bool) -> Option<[(u16, Value); 6]> {
 
     let path = "/logs/in-flight";
     let slow = format!("{}{path}?delay_ms=1500", replicas[1].base);
+    let sql = db.connect().await;
+    let since = db_now(&sql).await;
     let a_slow = tokio::spawn(async move { write(&client(), Method::POST, slow, 1, "A").await });
-    inside_transactions(&db.connect().await, 1, !local_marks).await;
+    inside_transactions(&sql, 1, !local_marks, &since).await;
     let b_in_flight = append(&http, &replicas[0], path, 2, "B").await;
     let a_in_flight = a_slow.await.unwrap().expect("replica 2 answers");
     let in_flight = read(&http, &replicas[1], path).await;
@@ -371,12 +380,13 @@ async fn a_replica_killed_mid_write_leaves_nothing_applied_and_nothing_locked() 
     // Replica 0 takes a log append and a put with token 2, each stalled inside
     // its transaction after the fence: raised marks not committed, rows locked.
     let victim = replicas[0].base.clone();
+    let since = db_now(&sql).await;
     let doomed = [("POST", "/logs/k"), ("PUT", "/kv/k")].map(|(method, path)| {
         let url = format!("{victim}{path}?delay_ms=2000");
         let method = Method::from_bytes(method.as_bytes()).unwrap();
         tokio::spawn(async move { write(&client(), method, url, 2, "doomed").await })
     });
-    inside_transactions(&sql, 2, true).await;
+    inside_transactions(&sql, 2, true, &since).await;
     replicas[0].kill_9();
     for write in doomed {
         assert_eq!(write.await.unwrap(), None, "the killed replica answered");
@@ -426,6 +436,8 @@ async fn an_exhausted_pool_is_a_503() {
     let Some(db) = TestDb::create().await else { return };
     let replicas = Replica::start(&db, 1, &[]);
     let base = replicas[0].base.clone();
+    let sql = db.connect().await;
+    let since = db_now(&sql).await;
     // The pool's 16 connections, each inside a stalled transaction.
     let stalled: Vec<_> = (0..16)
         .map(|i| {
@@ -433,7 +445,7 @@ async fn an_exhausted_pool_is_a_503() {
             tokio::spawn(async move { write(&client(), Method::PUT, url, 1, "v").await })
         })
         .collect();
-    inside_transactions(&db.connect().await, 16, true).await;
+    inside_transactions(&sql, 16, true, &since).await;
     let http = client();
     let started = Instant::now();
     let response =

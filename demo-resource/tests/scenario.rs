@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use demo_resource::scenario::{self, A_IN_FLIGHT_WRITE, A_WRITE, B_WRITE};
 
+mod svg_check;
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scenario_has_the_expected_outcomes() {
     let report = tokio::time::timeout(Duration::from_secs(60), scenario::run())
@@ -68,10 +70,60 @@ async fn the_scenario_has_the_expected_outcomes() {
     );
 }
 
+/// The timeline picture of a real run: every actor, grant, token and outcome is
+/// labelled, and it renders to a picture that is not blank.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_shows_the_three_rounds() {
+    let report = tokio::time::timeout(Duration::from_secs(60), scenario::run())
+        .await
+        .expect("the scenario finishes within a minute")
+        .expect("the scenario runs");
+    assert_eq!(report.problems(), Vec::<String>::new());
+    let svg = report.timeline().to_svg();
+    let texts = svg_check::texts(&svg);
+    let has = |wanted: &str| assert!(texts.iter().any(|t| t == wanted), "no label {wanted:?} in {texts:?}");
+    for lane in ["lock service", "client A", "client B", "resource"] {
+        has(lane);
+    }
+    let (off, on, flight) = (&report.without_fencing, &report.with_fencing, &report.in_flight);
+    for run in [off, on, flight] {
+        has(&format!("grant A: token {}", run.a_token));
+        has(&format!("grant B: token {}", run.b_token));
+    }
+    has("A's lease expired");
+    has("paused (GC, SIGSTOP…)");
+    has("no fencing: no mark");
+    // Round 1: the stale write is stored after the newer one.
+    has(&format!("write, token {} → 201 stored", off.b_token));
+    has(&format!("write, token {} → 201 stored after a newer token!", off.a_token));
+    // Round 2: refused, the mark at B's token.
+    has(&format!("write, token {} → 409 stale: refused", on.a_token));
+    has(&format!("mark {}", on.b_token));
+    // Round 3: A's write inside the handler, B's at the door, both stored in token order.
+    has("inside the handler");
+    has("waiting at the door");
+    has(&format!("mark {}", flight.a_token));
+    has(&format!("write, token {} → 201 stored", flight.a_token));
+    has(&format!("write, token {} → 201 stored after waiting", flight.b_token));
+    has("3 · A's write in flight: B waits at the door");
+
+    let pixels = svg_check::render(&svg);
+    eprintln!("{pixels:?}");
+    assert!(pixels.width > 600 && pixels.height > 300, "{pixels:?}");
+    // Bars, points and lines cover about 7 % of the page (the white page and the
+    // sections' light shading do not count): at least 3 %.
+    assert!(pixels.inked > pixels.total / 30, "{pixels:?}");
+    assert!(pixels.flag_red > 40, "the stale write stored is drawn red: {pixels:?}");
+}
+
 #[test]
 fn the_binary_prints_the_scenario_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let timeline = dir.path().join("timeline.svg");
     let output = Command::new(env!("CARGO_BIN_EXE_demo-resource"))
         .arg("scenario")
+        .arg("--timeline")
+        .arg(&timeline)
         .env("RUST_LOG", "warn")
         .output()
         .expect("demo-resource runs");
@@ -91,4 +143,7 @@ fn the_binary_prints_the_scenario_and_exits_zero() {
         lines[4].ends_with("B's write arrived while A's was inside the handler, and waited for it"),
         "{stdout}"
     );
+    assert_eq!(lines[5], format!("timeline: {}", timeline.display()));
+    let svg = std::fs::read_to_string(&timeline).expect("the timeline was written");
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
 }

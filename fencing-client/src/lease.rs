@@ -339,6 +339,20 @@ impl Lease {
         }
     }
 
+    /// Sets the `fencing-token` metadata of a tonic request to this lease's
+    /// token, and `fencing-proof` to the grant's proof when the lock service
+    /// signed it (removing any other proof when it did not).
+    #[cfg(feature = "tonic")]
+    pub fn fence_tonic<T>(&self, request: &mut tonic::Request<T>) {
+        crate::fence_tonic(request, self.grant.token);
+        match &self.grant.proof {
+            Some(proof) => crate::fence_tonic_proof(request, proof),
+            None => {
+                request.metadata_mut().remove("fencing-proof");
+            }
+        }
+    }
+
     /// Stops renewing, cancels in-flight work, then deletes the lease so the lock is
     /// free at once. The request is bounded by the request timeout.
     pub async fn release(self) -> Result<(), LockError> {

@@ -137,9 +137,48 @@ pub fn fence_reqwest_proof(request: reqwest::RequestBuilder, proof: &str) -> req
     request.header(fencing_proof_header(), proof)
 }
 
+/// Sets the `fencing-token` metadata of a tonic request to `token` (gRPC
+/// metadata travels as HTTP/2 headers, so the fencing layer reads it as it reads
+/// the header), replacing any value already there.
+#[cfg(feature = "tonic")]
+pub fn fence_tonic<T>(request: &mut tonic::Request<T>, token: u64) {
+    request.metadata_mut().insert("fencing-token", tonic::metadata::MetadataValue::from(token));
+}
+
+/// Sets the `fencing-proof` metadata of a tonic request to `proof`, or removes
+/// it when `proof` is not a valid metadata value (the resource then refuses a raise).
+#[cfg(feature = "tonic")]
+pub fn fence_tonic_proof<T>(request: &mut tonic::Request<T>, proof: &str) {
+    match proof.parse() {
+        Ok(value) => {
+            request.metadata_mut().insert("fencing-proof", value);
+        }
+        Err(_) => {
+            request.metadata_mut().remove("fencing-proof");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn sets_token_and_proof_metadata_on_a_tonic_request() {
+        let mut request = tonic::Request::new(());
+        request.metadata_mut().append("fencing-token", "7".parse().unwrap());
+        fence_tonic(&mut request, 42);
+        let values: Vec<_> = request.metadata().get_all("fencing-token").iter().collect();
+        assert_eq!(values, ["42"]);
+        fence_tonic_proof(&mut request, "abc_-");
+        assert_eq!(request.metadata().get("fencing-proof").unwrap(), "abc_-");
+        fence_tonic_proof(&mut request, "not\nvalid");
+        assert!(request.metadata().get("fencing-proof").is_none());
+        // As the layer reads it: the request's headers.
+        let http = request.into_parts().0.into_headers();
+        assert_eq!(http["fencing-token"], "42");
+    }
 
     #[test]
     fn sets_canonical_header_on_http_request() {

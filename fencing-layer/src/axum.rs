@@ -122,6 +122,17 @@ impl<B> KeyExtractor<B> for PathParamKey {
         let raw = self.find(template, full_path(request))?;
         percent_decode_str(raw).decode_utf8().ok().filter(|key| !key.is_empty())
     }
+
+    fn missing(&self, request: &Request<B>) -> Cow<'static, str> {
+        let name = &self.name;
+        match request.extensions().get::<MatchedPath>() {
+            None => "no matched axum route (apply the layer with route_layer)".into(),
+            Some(template) if self.find(template.as_str(), full_path(request)).is_none() => {
+                format!("the route {} has no path parameter {name}", template.as_str()).into()
+            }
+            Some(_) => format!("path parameter {name} is empty or does not percent-decode to UTF-8").into(),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -6,12 +6,14 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 use tower_service::Service;
 
+use crate::body::ResponseBody;
+use crate::grpc::is_grpc;
 use crate::layer::Shared;
 use crate::metrics::{InsideCount, Stopwatch};
 use crate::rejection::Rejection;
@@ -71,8 +73,11 @@ pin_project! {
             permit: SharedPermit,
             counted: InsideCount,
         },
+        // Answered in `call`; the response is built when first polled.
         Rejected {
-            response: Option<S::Response>,
+            rejection: Option<Rejection>,
+            grpc: bool,
+            shared: Arc<Shared<E, R>>,
         },
         Finished,
     }
@@ -146,6 +151,7 @@ pin_project! {
         _counted: InsideCount,
         key: String,
         token: FencingToken,
+        grpc: bool,
         shared: Arc<Shared<E, R>>,
     }
 }
@@ -183,8 +189,10 @@ where
         Self::from(Kind::Inside { future, place: None })
     }
 
-    pub(crate) fn rejected(shared: &Shared<E, R>, rejection: Rejection) -> Self {
-        Self::from(Kind::rejected(shared, rejection))
+    /// Answers `rejection` to the request with `headers`.
+    pub(crate) fn rejected(shared: &Arc<Shared<E, R>>, rejection: Rejection, headers: &HeaderMap) -> Self {
+        let grpc = is_grpc(headers);
+        Self::from(Kind::Rejected { rejection: Some(rejection), grpc, shared: Arc::clone(shared) })
     }
 
     /// Calls `inner` with a request that [`Admission::Enter`] let in. `key` is
@@ -270,10 +278,6 @@ where
     S: Service<Request<B>, Response = Response<ResBody>>,
     R: RejectionResponder<ResBody>,
 {
-    fn rejected(shared: &Shared<E, R>, rejection: Rejection) -> Self {
-        Self::Rejected { response: Some(respond(shared, rejection)) }
-    }
-
     fn enter(
         inner: &mut S,
         mut request: Request<B>,
@@ -287,28 +291,33 @@ where
             let place = Place { _guard: guard, _counted: shared.config.metrics.admitted() };
             return Self::Inside { future: inner.call(request), place: Some(place) };
         };
+        let grpc = is_grpc(request.headers());
         match guard.state().watch(token.get()) {
             Ok(overtaken) => {
                 let _counted = shared.config.metrics.admitted();
-                let watch = Watch { overtaken, guard, _counted, key, token, shared: Arc::clone(shared) };
+                let watch =
+                    Watch { overtaken, guard, _counted, key, token, grpc, shared: Arc::clone(shared) };
                 Self::Watched { future: inner.call(request), watch: Box::pin(watch) }
             }
             // Overtaken between admission and now: it never reached the inner service.
             Err(highest) => {
                 drop(guard);
-                Self::rejected(shared, Rejection::Stale { key, presented: token.get(), highest })
+                let rejection = Rejection::Stale { key, presented: token.get(), highest };
+                Self::Rejected { rejection: Some(rejection), grpc, shared: Arc::clone(shared) }
             }
         }
     }
 }
 
-/// The response to `rejection`, counted in the metrics.
-fn respond<E, R: RejectionResponder<B>, B>(shared: &Shared<E, R>, rejection: Rejection) -> Response<B> {
-    shared.config.metrics.rejected(&rejection);
-    rejection.respond_with(&shared.responder)
-}
-
 impl<S, B, E, R> Pending<S, B, E, R> {
+    /// The response to this request for `rejection`.
+    fn answer<ResBody>(&self, rejection: Rejection) -> Response<ResponseBody<ResBody>>
+    where
+        R: RejectionResponder<ResBody>,
+    {
+        self.shared.answer(rejection, is_grpc(self.request.headers()))
+    }
+
     fn record(&self, duty: RecordDuty) -> Wake {
         Wake::Recorded { reply: self.shared.config.store.record(&self.key, duty) }
     }
@@ -380,7 +389,7 @@ where
     S: Service<Request<B>, Response = Response<ResBody>>,
     R: RejectionResponder<ResBody>,
 {
-    type Output = Result<Response<ResBody>, S::Error>;
+    type Output = Result<Response<ResponseBody<ResBody>>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut kind = self.project().kind;
@@ -390,7 +399,7 @@ where
                     let output = ready!(future.poll(cx));
                     // Leave the inner service as soon as it is done, not when this future is dropped.
                     kind.set(Kind::Finished);
-                    return Poll::Ready(output);
+                    return Poll::Ready(output.map(|response| response.map(ResponseBody::new)));
                 }
                 KindProj::Watched { future, watch } => {
                     let mut watching = watch.as_mut().project();
@@ -403,7 +412,7 @@ where
                                     presented: watching.token.get(),
                                     highest,
                                 };
-                                let response = respond(watching.shared, rejection);
+                                let response = watching.shared.answer(rejection, *watching.grpc);
                                 // Drops the inner future, then the guard.
                                 kind.set(Kind::Finished);
                                 return Poll::Ready(Ok(response));
@@ -412,7 +421,7 @@ where
                     }
                     let output = ready!(future.poll(cx));
                     kind.set(Kind::Finished);
-                    return Poll::Ready(output);
+                    return Poll::Ready(output.map(|response| response.map(ResponseBody::new)));
                 }
                 KindProj::Admitting { waiting } => {
                     let waiting = waiting.as_mut().project();
@@ -508,7 +517,7 @@ where
                         }
                     };
                     pending.shared.config.metrics.drain_waited(drain);
-                    let response = respond(&pending.shared, rejection);
+                    let response = pending.answer(rejection);
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
                 }
@@ -542,7 +551,7 @@ where
                                 Err(error) => pending.store_unavailable(error),
                             },
                         };
-                        let response = respond(&pending.shared, rejection);
+                        let response = pending.answer(rejection);
                         kind.set(Kind::Finished);
                         return Poll::Ready(Ok(response));
                     }
@@ -571,19 +580,21 @@ where
                         }
                         Poll::Ready(Err(SharedRefusal::InvalidKey(why))) => {
                             tracing::debug!(key = ?pending.key, why, "the shared store refused the key");
-                            Rejection::MissingKey
+                            Rejection::MissingKey {
+                                why: format!("the shared store cannot hold this key: {why}").into(),
+                            }
                         }
                         Poll::Ready(Err(SharedRefusal::Unavailable(error))) => {
                             pending.store_unavailable(error)
                         }
                     };
-                    let response = respond(&pending.shared, rejection);
+                    let response = pending.answer(rejection);
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
                 }
-                KindProj::Rejected { response } => {
-                    let response = response.take().expect("ResponseFuture polled after completion");
-                    return Poll::Ready(Ok(response));
+                KindProj::Rejected { rejection, grpc, shared } => {
+                    let rejection = rejection.take().expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(shared.answer(rejection, *grpc)));
                 }
                 KindProj::Finished => panic!("ResponseFuture polled after completion"),
             }

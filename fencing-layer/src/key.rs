@@ -2,26 +2,46 @@
 //!
 //! Each key has its own highest-seen token. The default, [`PathKey`], gives every
 //! path its own mark; [`HeaderKey`] and [`GlobalKey`] cover the other common
-//! layouts, and any closure `Fn(&Request<B>) -> Option<K>` is an extractor too.
-//! A request whose key cannot be extracted is answered 400.
+//! layouts, [`KeyExtractorExt`] combines them, and a closure is an extractor
+//! too. A request whose key cannot be extracted is answered 400, with a detail
+//! that says what was missing.
+//!
+//! A closure given to [`key_fn`](crate::FencingLayer::key_fn) sees the request
+//! as a [`KeyRequest`] (everything but the body), so it needs no type
+//! annotations, and may return a key borrowed from the request:
 //!
 //! ```
-//! use fencing_layer::FencingLayer;
-//! use http::Request;
+//! use fencing_layer::{FencingLayer, HeaderKey, KeyExtractorExt, PathKey};
+//! use http::HeaderName;
 //!
-//! // Key by tenant and document, whatever the route looks like.
-//! let layer = FencingLayer::new().key_extractor(|request: &Request<axum::body::Body>| {
-//!     let tenant = request.headers().get("x-tenant")?.to_str().ok()?;
-//!     let document = request.uri().path().rsplit('/').next()?;
+//! // Key by a tenant header: no allocation per request.
+//! let by_tenant = FencingLayer::new().key_fn(|request| request.header("x-tenant"));
+//!
+//! // Key by tenant and the last path segment, built per request.
+//! let by_document = FencingLayer::new().key_fn_owned(|request| {
+//!     let tenant = request.header("x-tenant")?;
+//!     let document = request.path().rsplit('/').next()?;
 //!     Some(format!("{tenant}/{document}"))
 //! });
-//! # let _ = layer;
+//!
+//! // The same from ready-made parts: `acme|/docs/42`.
+//! let by_tenant_and_path =
+//!     FencingLayer::new().key_extractor(HeaderKey::new(HeaderName::from_static("x-tenant")).and(PathKey));
+//! # let _ = (by_tenant, by_document, by_tenant_and_path);
 //! ```
+//!
+//! Any `Fn(&Request<B>) -> Option<K>` is an extractor as well, with `B` spelled out.
 
 use std::borrow::Cow;
 
-use http::{HeaderName, Request};
+use http::{HeaderMap, HeaderName, Request};
 use percent_encoding::percent_decode_str;
+
+mod combine;
+mod function;
+
+pub use combine::{And, KeyExtractorExt, Or};
+pub use function::{KeyFn, KeyRequest, OwnedKeyFn};
 
 /// Extracts the resource key of a request.
 ///
@@ -30,6 +50,13 @@ use percent_encoding::percent_decode_str;
 pub trait KeyExtractor<B> {
     /// The request's resource key, or `None` when it has none (answered 400).
     fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>>;
+
+    /// What the request lacks, for the 400's detail; asked only after
+    /// [`extract`](Self::extract) found no key, so it may take its time.
+    fn missing(&self, request: &Request<B>) -> Cow<'static, str> {
+        let _ = request;
+        Cow::Borrowed("the key extractor found no key in the request")
+    }
 }
 
 impl<B, F, K> KeyExtractor<B> for F
@@ -61,6 +88,10 @@ impl<B> KeyExtractor<B> for PathKey {
         }
         percent_decode_str(path).decode_utf8().ok()
     }
+
+    fn missing(&self, _request: &Request<B>) -> Cow<'static, str> {
+        Cow::Borrowed("the path does not percent-decode to UTF-8")
+    }
 }
 
 /// The request's path as the client sent it: axum's nested routers strip their
@@ -91,13 +122,28 @@ impl HeaderKey {
 
 impl<B> KeyExtractor<B> for HeaderKey {
     fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
-        let mut values = request.headers().get_all(&self.name).iter();
-        let value = values.next()?;
-        if values.next().is_some() {
-            return None;
-        }
-        value.to_str().ok().filter(|v| !v.is_empty()).map(Cow::Borrowed)
+        single_header(request.headers(), &self.name).map(Cow::Borrowed)
     }
+
+    fn missing(&self, request: &Request<B>) -> Cow<'static, str> {
+        let name = &self.name;
+        let why = match request.headers().get_all(name).iter().count() {
+            0 => "is missing",
+            1 => "is empty or not visible ASCII",
+            _ => "appears more than once",
+        };
+        format!("header {name} {why}").into()
+    }
+}
+
+/// The value of header `name` when it appears exactly once, non-empty and visible ASCII.
+pub(crate) fn single_header<K: http::header::AsHeaderName>(headers: &HeaderMap, name: K) -> Option<&str> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    value.to_str().ok().filter(|v| !v.is_empty())
 }
 
 /// One mark for everything behind the layer: the whole service is one resource.
@@ -142,6 +188,8 @@ mod tests {
         assert_eq!(key.extract(&req).as_deref(), Some("orders"));
         req.headers_mut().append("x-resource", "other".parse().unwrap());
         assert_eq!(key.extract(&req), None);
+        assert_eq!(key.missing(&req), "header x-resource appears more than once");
+        assert_eq!(key.missing(&request("/")), "header x-resource is missing");
     }
 
     #[test]
@@ -150,6 +198,7 @@ mod tests {
         assert_eq!(by_method.extract(&request("/x")).as_deref(), Some("POST"));
         let never = |_: &Request<()>| None::<&'static str>;
         assert_eq!(never.extract(&request("/x")), None);
+        assert_eq!(never.missing(&request("/x")), "the key extractor found no key in the request");
         assert_eq!(GlobalKey.extract(&request("/x")).as_deref(), Some("*"));
     }
 }

@@ -1,16 +1,20 @@
 //! [`FencingLayer`]: the configuration, built once and shared by every route.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::{HeaderName, Method};
+use http::{HeaderName, Method, Request, Response};
 use tower_layer::Layer;
 
-use crate::key::PathKey;
+use crate::body::ResponseBody;
+use crate::grpc::GrpcStatus;
+use crate::key::{KeyFn, KeyRequest, OwnedKeyFn, PathKey};
 use crate::methods::MethodSet;
 use crate::metrics::Metrics;
-use crate::respond::ProblemJson;
+use crate::rejection::Rejection;
+use crate::respond::{ProblemJson, RejectionResponder};
 use crate::service::Fencing;
 use crate::store::admission::Rules;
 use crate::store::admission::WaitFor;
@@ -56,6 +60,22 @@ pub(crate) struct Shared<E, R> {
     pub(crate) config: Config,
 }
 
+impl<E, R> Shared<E, R> {
+    /// The response for `rejection`: a gRPC status to a gRPC request (unless
+    /// turned off), the responder's otherwise. Every refusal passes here, and is counted.
+    pub(crate) fn answer<B>(&self, rejection: Rejection, grpc: bool) -> Response<ResponseBody<B>>
+    where
+        R: RejectionResponder<B>,
+    {
+        self.config.metrics.rejected(&rejection);
+        if grpc && self.config.grpc_statuses {
+            rejection.respond_with(&GrpcStatus)
+        } else {
+            rejection.respond_with(&self.responder)
+        }
+    }
+}
+
 /// The settings that do not depend on the extractor or responder types.
 #[derive(Debug, Clone)]
 pub(crate) struct Config {
@@ -71,8 +91,25 @@ pub(crate) struct Config {
     /// When set, asked before any token raises a mark.
     pub(crate) verifier: Option<VerifierHandle>,
     pub(crate) verify_timeout: Duration,
+    /// Answer gRPC requests with gRPC statuses.
+    pub(crate) grpc_statuses: bool,
+    /// When set, requests it holds for pass through unfenced.
+    pub(crate) unfenced_if: Option<UnfencedIf>,
     /// Counters and the like (nothing without the `metrics` feature).
     pub(crate) metrics: Metrics,
+}
+
+/// The [`FencingLayer::unfenced_if`] predicate: shared, and debug-printable.
+#[derive(Clone)]
+pub(crate) struct UnfencedIf(pub(crate) Arc<UnfencedFn>);
+
+/// A predicate over a request's head.
+type UnfencedFn = dyn Fn(&dyn KeyRequest) -> bool + Send + Sync;
+
+impl fmt::Debug for UnfencedIf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("UnfencedIf")
+    }
 }
 
 /// A [`TokenVerifier`] in the configuration: shared, and debug-printable.
@@ -96,8 +133,9 @@ impl fmt::Debug for SharedStoreHandle {
 }
 
 impl Config {
-    pub(crate) fn is_fenced(&self, method: &Method) -> bool {
-        !self.unfenced_methods.contains(method)
+    pub(crate) fn is_fenced<B>(&self, request: &Request<B>) -> bool {
+        !self.unfenced_methods.contains(request.method())
+            && !self.unfenced_if.as_ref().is_some_and(|unfenced| (unfenced.0)(request))
     }
 
     /// How long a request may wait for `what`.
@@ -143,6 +181,8 @@ impl FencingLayer {
             shared_store: None,
             verifier: None,
             verify_timeout: DEFAULT_VERIFY_TIMEOUT,
+            grpc_statuses: true,
+            unfenced_if: None,
             metrics: Metrics::new(),
         };
         Self::from_parts(PathKey, ProblemJson, config)
@@ -260,6 +300,53 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     pub fn key_extractor<E2>(self, extractor: E2) -> FencingLayer<E2, R> {
         let Shared { responder, config, .. } = Arc::unwrap_or_clone(self.shared);
         FencingLayer::from_parts(extractor, responder, config)
+    }
+
+    /// Lets requests for which `unfenced` holds pass through, as unfenced
+    /// methods do: the read-only methods of a gRPC service (every gRPC call is
+    /// a POST), a health check, a path prefix. It sees the request as a
+    /// [`KeyRequest`], so it needs no annotations.
+    ///
+    /// ```
+    /// let layer = fencing_layer::FencingLayer::new()
+    ///     .unfenced_if(|request| request.path().starts_with("/ledger.Ledger/Get"));
+    /// # let _ = layer;
+    /// ```
+    pub fn unfenced_if(self, unfenced: impl Fn(&dyn KeyRequest) -> bool + Send + Sync + 'static) -> Self {
+        let unfenced = UnfencedIf(Arc::new(unfenced));
+        self.with(|s| s.unfenced_if = Some(unfenced))
+    }
+
+    /// Whether a gRPC request (`content-type: application/grpc…`) is refused
+    /// with a gRPC status (the default) or by the responder like any other.
+    /// See [`GrpcStatus`] for the mapping.
+    pub fn grpc_statuses(self, grpc: bool) -> Self {
+        self.with(|s| s.grpc_statuses = grpc)
+    }
+
+    /// Keys requests with a closure that may borrow its key from the request;
+    /// it sees the request as a [`KeyRequest`], so it needs no annotations.
+    /// `None` is answered 400. See the [`key`](crate::KeyExtractor) docs.
+    ///
+    /// ```
+    /// let layer = fencing_layer::FencingLayer::new().key_fn(|request| request.header("x-tenant"));
+    /// # let _ = layer;
+    /// ```
+    pub fn key_fn<F>(self, key: F) -> FencingLayer<KeyFn<F>, R>
+    where
+        F: Fn(&dyn KeyRequest) -> Option<&str>,
+    {
+        self.key_extractor(KeyFn(key))
+    }
+
+    /// Keys requests with a closure that builds its key (a `String`, say);
+    /// like [`key_fn`](Self::key_fn) otherwise.
+    pub fn key_fn_owned<F, K>(self, key: F) -> FencingLayer<OwnedKeyFn<F>, R>
+    where
+        F: Fn(&dyn KeyRequest) -> Option<K>,
+        K: Into<Cow<'static, str>>,
+    {
+        self.key_extractor(OwnedKeyFn(key))
     }
 
     /// Answers rejections with `responder` instead of problem+json.

@@ -51,7 +51,10 @@
 //!
 //! Rejections are [RFC 9457] `application/problem+json` responses
 //! ([`ProblemJson`]), replaceable through [`FencingLayer::on_rejection`]; the
-//! typed [`Rejection`] is also in the response's extensions.
+//! typed [`Rejection`] is also in the response's extensions. A gRPC request is
+//! answered with a gRPC status instead ([`GrpcStatus`]). Responses carry a
+//! [`ResponseBody`]: the inner service's body, or the rejection's bytes, so the
+//! layer works with any body type.
 //!
 //! Two guarantees hold per key. **Monotonic admission**: the tokens of admitted
 //! requests, in order of admission, never decrease. **No overlap across
@@ -180,7 +183,9 @@
 
 #[cfg(feature = "axum")]
 mod axum;
+mod body;
 mod future;
+mod grpc;
 mod key;
 mod layer;
 mod methods;
@@ -196,8 +201,12 @@ mod verify;
 
 #[cfg(feature = "axum")]
 pub use crate::axum::{MissingFencingToken, PathParamKey};
+pub use crate::body::ResponseBody;
 pub use crate::future::ResponseFuture;
-pub use crate::key::{GlobalKey, HeaderKey, KeyExtractor, PathKey};
+pub use crate::grpc::GrpcStatus;
+pub use crate::key::{
+    And, GlobalKey, HeaderKey, KeyExtractor, KeyExtractorExt, KeyFn, KeyRequest, Or, OwnedKeyFn, PathKey,
+};
 pub use crate::layer::{DEFAULT_DRAIN_TIMEOUT, FENCING_TOKEN, FencingLayer, InFlightPolicy};
 #[cfg(feature = "ed25519")]
 pub use crate::proof::{Ed25519Verifier, FENCING_PROOF, KeyError, ProofPublicKey, ProofSigner};

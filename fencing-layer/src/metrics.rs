@@ -59,7 +59,7 @@ mod enabled {
         match rejection {
             Rejection::Stale { .. } | Rejection::Cancelled { .. } => 1,
             Rejection::MissingToken => 2,
-            Rejection::InvalidToken(_) | Rejection::MissingKey | Rejection::KeyTooLong { .. } => 3,
+            Rejection::InvalidToken(_) | Rejection::MissingKey { .. } | Rejection::KeyTooLong { .. } => 3,
             Rejection::Unverified { .. } => 4,
             Rejection::VerifierUnavailable { .. } => 5,
             Rejection::KeyTableFull { .. } => 6,

@@ -4,6 +4,7 @@
 //! is also put into the response's extensions, so outer layers and tests can
 //! tell a fencing 409 from one the handler returned.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 
@@ -20,8 +21,12 @@ pub enum Rejection {
     MissingToken,
     /// The token header was repeated, empty or not a canonical decimal `u64` (400).
     InvalidToken(TokenError),
-    /// The key extractor found no resource key in the request (400).
-    MissingKey,
+    /// The key extractor found no resource key in the request, or the shared
+    /// store cannot hold the one it found (400).
+    MissingKey {
+        /// What was missing, from [`KeyExtractor::missing`](crate::KeyExtractor::missing).
+        why: Cow<'static, str>,
+    },
     /// The resource key is new and longer than the store takes (400).
     KeyTooLong {
         /// The longest key the store takes, in bytes.
@@ -105,7 +110,9 @@ impl Rejection {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::MissingToken => StatusCode::PRECONDITION_REQUIRED,
-            Self::InvalidToken(_) | Self::MissingKey | Self::KeyTooLong { .. } => StatusCode::BAD_REQUEST,
+            Self::InvalidToken(_) | Self::MissingKey { .. } | Self::KeyTooLong { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             Self::Stale { .. } | Self::Cancelled { .. } => StatusCode::CONFLICT,
             Self::Unverified { .. } => StatusCode::FORBIDDEN,
             Self::DrainTimeout { .. }
@@ -122,7 +129,7 @@ impl Rejection {
         match self {
             Self::MissingToken => "missing-token",
             Self::InvalidToken(_) => "invalid-token",
-            Self::MissingKey => "missing-key",
+            Self::MissingKey { .. } => "missing-key",
             Self::KeyTooLong { .. } => "key-too-long",
             Self::Stale { .. } => "stale-token",
             Self::Cancelled { .. } => "cancelled",
@@ -188,7 +195,7 @@ impl fmt::Display for Rejection {
         match self {
             Self::MissingToken => f.write_str("this request must carry a fencing token"),
             Self::InvalidToken(error) => error.fmt(f),
-            Self::MissingKey => f.write_str("no resource key could be extracted from the request"),
+            Self::MissingKey { why } => write!(f, "no resource key in the request: {why}"),
             Self::KeyTooLong { limit } => write!(f, "the resource key is longer than {limit} bytes"),
             Self::Stale { key, presented, highest } => {
                 write!(f, "fencing token {presented} is stale for {key}: the highest seen is {highest}")

@@ -1,8 +1,9 @@
 //! Turning a [`Rejection`] into a response.
 //!
 //! The default, [`ProblemJson`], answers with an RFC 9457
-//! `application/problem+json` body. Any `Fn(&Rejection) -> Response<B>` can
-//! replace it:
+//! `application/problem+json` body, whatever the inner service's body type.
+//! Any `Fn(&Rejection) -> Response<B>`, with `B` the inner service's body
+//! type, can replace it:
 //!
 //! ```
 //! use axum::body::Body;
@@ -25,20 +26,26 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, header};
 use serde::Serialize;
 
+use crate::body::ResponseBody;
 use crate::rejection::Rejection;
 
-/// Builds the response for a rejected request.
+/// Builds the response for a rejected request, for an inner service whose
+/// responses have bodies of type `B`.
+///
+/// The answer's body is a [`ResponseBody<B>`]: a body of the inner type
+/// ([`ResponseBody::new`]) or bytes of the responder's own
+/// ([`ResponseBody::full`]), so a responder need not know how to build a `B`.
 pub trait RejectionResponder<B> {
     /// The response to send for `rejection`. Its status should be `rejection.status()`.
-    fn respond(&self, rejection: &Rejection) -> Response<B>;
+    fn respond(&self, rejection: &Rejection) -> Response<ResponseBody<B>>;
 }
 
 impl<B, F> RejectionResponder<B> for F
 where
     F: Fn(&Rejection) -> Response<B>,
 {
-    fn respond(&self, rejection: &Rejection) -> Response<B> {
-        self(rejection)
+    fn respond(&self, rejection: &Rejection) -> Response<ResponseBody<B>> {
+        self(rejection).map(ResponseBody::new)
     }
 }
 
@@ -125,7 +132,7 @@ fn title(rejection: &Rejection) -> &'static str {
     match rejection {
         Rejection::MissingToken => "Fencing token required",
         Rejection::InvalidToken(_) => "Invalid fencing token",
-        Rejection::MissingKey => "No resource key",
+        Rejection::MissingKey { .. } => "No resource key",
         Rejection::KeyTooLong { .. } => "Resource key too long",
         Rejection::Stale { .. } => "Stale fencing token",
         Rejection::Cancelled { .. } => "Cancelled by a newer fencing token",
@@ -137,9 +144,9 @@ fn title(rejection: &Rejection) -> &'static str {
     }
 }
 
-impl<B: From<Bytes>> RejectionResponder<B> for ProblemJson {
-    fn respond(&self, rejection: &Rejection) -> Response<B> {
-        let mut response = Response::new(B::from(Self::body(rejection)));
+impl<B> RejectionResponder<B> for ProblemJson {
+    fn respond(&self, rejection: &Rejection) -> Response<ResponseBody<B>> {
+        let mut response = Response::new(ResponseBody::full(Self::body(rejection)));
         *response.status_mut() = rejection.status();
         response
             .headers_mut()
@@ -152,8 +159,9 @@ impl Rejection {
     /// The layer's response for this rejection: `responder`'s, plus
     /// `Retry-After` where it applies and the rejection itself in the
     /// extensions, with one log line. For a handler or a store that refuses
-    /// a request as the layer would (`fencing-postgres` does).
-    pub fn respond_with<B, R: RejectionResponder<B>>(self, responder: &R) -> Response<B> {
+    /// a request as the layer would (`fencing-postgres` does; with axum,
+    /// `.map(axum::body::Body::new)` makes it an axum `Response`).
+    pub fn respond_with<B, R: RejectionResponder<B>>(self, responder: &R) -> Response<ResponseBody<B>> {
         tracing::info!(
             kind = self.kind(),
             status = self.status().as_u16(),

@@ -10,6 +10,7 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::body::ResponseBody;
 use crate::future::ResponseFuture;
 use crate::key::{KeyExtractor, PathKey};
 use crate::layer::{Config, FencingLayer, Shared};
@@ -89,7 +90,7 @@ where
     E: KeyExtractor<ReqBody>,
     R: RejectionResponder<ResBody>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<ResponseBody<ResBody>>;
     type Error = S::Error;
     type Future = ResponseFuture<S, ReqBody, E, R>;
 
@@ -100,7 +101,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let config = &shared.config;
-        if !config.is_fenced(request.method()) {
+        if !config.is_fenced(&request) {
             return ResponseFuture::unfenced(self.inner.call(request));
         }
         let token = match FencingToken::from_headers(request.headers(), &config.header) {
@@ -109,11 +110,14 @@ where
                 config.metrics.unfenced();
                 return ResponseFuture::unfenced(self.inner.call(request));
             }
-            Ok(None) => return ResponseFuture::rejected(shared, Rejection::MissingToken),
-            Err(error) => return ResponseFuture::rejected(shared, Rejection::InvalidToken(error)),
+            Ok(None) => return ResponseFuture::rejected(shared, Rejection::MissingToken, request.headers()),
+            Err(error) => {
+                return ResponseFuture::rejected(shared, Rejection::InvalidToken(error), request.headers());
+            }
         };
         let Some(key) = shared.extractor.extract(&request) else {
-            return ResponseFuture::rejected(shared, Rejection::MissingKey);
+            let why = shared.extractor.missing(&request);
+            return ResponseFuture::rejected(shared, Rejection::MissingKey { why }, request.headers());
         };
         if config.shared_store.is_some() {
             let key = key.into_owned();
@@ -127,15 +131,19 @@ where
             }
             Ok(Found::Slow(state)) => state,
             Err(StoreError::KeyTableFull { limit }) => {
-                return ResponseFuture::rejected(shared, Rejection::KeyTableFull { limit });
+                return ResponseFuture::rejected(
+                    shared,
+                    Rejection::KeyTableFull { limit },
+                    request.headers(),
+                );
             }
             Err(StoreError::KeyTooLong { limit }) => {
-                return ResponseFuture::rejected(shared, Rejection::KeyTooLong { limit });
+                return ResponseFuture::rejected(shared, Rejection::KeyTooLong { limit }, request.headers());
             }
             Err(error) => {
                 let (key, presented, retry_after) = (key.into_owned(), token.get(), config.retry_after);
                 let rejection = Rejection::StoreUnavailable { key, presented, error, retry_after };
-                return ResponseFuture::rejected(shared, rejection);
+                return ResponseFuture::rejected(shared, rejection, request.headers());
             }
         };
         let (admission, raised) = state.admit_raising(&key, token.get(), config.rules(false));
@@ -149,7 +157,7 @@ where
             }
             Admission::Stale { highest } => {
                 let rejection = Rejection::Stale { key: key.into_owned(), presented: token.get(), highest };
-                ResponseFuture::rejected(shared, rejection)
+                ResponseFuture::rejected(shared, rejection, request.headers())
             }
             admission => {
                 let key = key.into_owned();

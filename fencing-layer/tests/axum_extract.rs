@@ -68,4 +68,8 @@ async fn path_param_keys_share_a_mark_across_routes_and_nesting() {
     let reply = send(&router, "POST", "/plain", Some("1")).await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert_eq!(reply.problem()["type"], "urn:fencing:problem:missing-key");
+    assert_eq!(
+        reply.problem()["detail"],
+        "no resource key in the request: the route /plain has no path parameter doc"
+    );
 }

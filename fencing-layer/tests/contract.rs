@@ -149,6 +149,13 @@ async fn missing_keys_are_400(http: bool) {
     let reply = client.post("/logs/a", "1").await;
     assert_eq!(reply.status, StatusCode::BAD_REQUEST);
     assert_eq!(kind(&reply), "missing-key");
+    assert_eq!(reply.problem()["detail"], "no resource key in the request: header x-resource is missing");
+    let twice = [("fencing-token", b"1".as_slice()), ("x-resource", b"a"), ("x-resource", b"b")];
+    let reply = client.send("POST", "/logs/a", &twice).await;
+    assert_eq!(
+        reply.problem()["detail"],
+        "no resource key in the request: header x-resource appears more than once"
+    );
     let with_key = [("fencing-token", b"1".as_slice()), ("x-resource", b"orders")];
     assert_eq!(client.send("POST", "/logs/a", &with_key).await.status, StatusCode::OK);
     assert_eq!(writes.seen().len(), 1);

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use fencing_layer::{FencingLayer, FencingToken, InFlightPolicy, MarkStore, Rejection};
+use fencing_layer::{FencingLayer, FencingToken, InFlightPolicy, MarkStore, Rejection, ResponseBody};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
 use tower::{Layer, ServiceExt, service_fn};
@@ -155,7 +155,7 @@ impl Drop for Exit {
     }
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Mode {
     /// One multi-thread runtime with 3 worker threads runs every role as a task.
     Tasks,
@@ -268,7 +268,8 @@ fn burst(role: Role, mode: Mode, rng: &mut Rng) -> u64 {
 /// the barrier, so traffic stops completely many times per run.
 async fn worker<S>(world: Arc<World<S>>, role: Role, mode: Mode, seed: u64) -> Tally
 where
-    S: tower::Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
+    S: tower::Service<Request<()>, Response = Response<ResponseBody<Full<Bytes>>>, Error = Infallible>
+        + Clone,
 {
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
@@ -290,7 +291,8 @@ where
 /// [`worker`] for [`Mode::Spin`], on its own OS thread.
 fn spin_worker<S>(world: &World<S>, role: Role, seed: u64) -> Tally
 where
-    S: tower::Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
+    S: tower::Service<Request<()>, Response = Response<ResponseBody<Full<Bytes>>>, Error = Infallible>
+        + Clone,
 {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let mut rng = Rng::new(seed);
@@ -305,7 +307,12 @@ where
             std::hint::spin_loop();
         }
         runtime.block_on(send_one(world, role, current, &mut rng, &mut tally));
-        if world.spin.wait() && Instant::now() >= world.until {
+        // Spinning threads crawl on a busy machine: past the load time, go on
+        // until the duel has had its rounds (within a grace), so that the
+        // workload checks below hold on a slow machine too.
+        let now = Instant::now();
+        let enough = tally.rounds >= SPIN_ROUNDS || now >= world.until + SPIN_GRACE;
+        if world.spin.wait() && now >= world.until && enough {
             world.stop.store(true, Ordering::Release);
         }
         world.spin.wait();
@@ -320,7 +327,8 @@ where
 /// as the caller saw it, if it already looked.
 async fn send_one<S>(world: &World<S>, role: Role, current: Option<u64>, rng: &mut Rng, tally: &mut Tally)
 where
-    S: tower::Service<Request<()>, Response = Response<Full<Bytes>>, Error = Infallible> + Clone,
+    S: tower::Service<Request<()>, Response = Response<ResponseBody<Full<Bytes>>>, Error = Infallible>
+        + Clone,
 {
     let key = match role {
         Role::Mixed => rng.below(KEYS as u64) as usize,
@@ -486,7 +494,9 @@ fn run(mode: Mode, policy: InFlightPolicy, roles: &[Role], seed: u64) {
         _ => assert!((tally.ok..=tally.ok + tally.cancelled).contains(&entered)),
     }
     // The workload did what it is for: plenty of same-token traffic, raises, stale tokens.
-    assert!(tally.ok > 1000 && tally.raises > 100, "{tally:?}");
+    // (A spin duel is two requests a round; on a busy machine it may stop short of SPIN_ROUNDS.)
+    let (ok, raises) = if mode == Mode::Spin { (500, 250) } else { (1000, 100) };
+    assert!(tally.ok > ok && tally.raises > raises, "{tally:?}");
     if roles.contains(&Role::Mixed) {
         assert!(tally.seeds > 5 && tally.stale > 50, "{tally:?}");
     }
@@ -518,6 +528,10 @@ const DUEL: [Role; 6] =
     [Role::Raiser(0), Role::Hammer(0), Role::Hammer(0), Role::Raiser(1), Role::Hammer(1), Role::Hammer(1)];
 /// One key, two OS threads: as many truly parallel collisions as 2 cores allow.
 const SPIN_DUEL: [Role; 2] = [Role::Raiser(0), Role::Hammer(0)];
+/// Rounds a spin duel runs at least (each is about two admitted requests and a raise)...
+const SPIN_ROUNDS: u64 = 700;
+/// ...unless this long past the load time (within [`FINISH_WITHIN`]).
+const SPIN_GRACE: Duration = Duration::from_secs(6);
 
 #[test]
 fn mixed_drain_tasks() {

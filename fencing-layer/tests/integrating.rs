@@ -203,7 +203,11 @@ async fn a_layer_around_a_whole_router() {
     let done = Arc::new(AtomicUsize::new(0));
     let layer = FencingLayer::new();
     let marks = layer.mark_store().clone();
-    let app = tower::Layer::layer(&layer, routes(&done)); // a `Fencing<Router>`
+    // axum::serve takes services that answer `Response<Body>`: map the layer's body back.
+    let app = tower::ServiceBuilder::new()
+        .layer(tower_http::map_response_body::MapResponseBodyLayer::new(Body::new))
+        .layer(layer)
+        .service(routes(&done));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {

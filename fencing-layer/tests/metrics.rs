@@ -147,9 +147,9 @@ fn post(path: &str, token: Option<&str>) -> Request<Body> {
     request.body(Body::default()).unwrap()
 }
 
-async fn send<S>(service: &S, request: Request<Body>) -> StatusCode
+async fn send<S, RB>(service: &S, request: Request<Body>) -> StatusCode
 where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone,
+    S: Service<Request<Body>, Response = Response<RB>, Error = Infallible> + Clone,
 {
     service.clone().oneshot(request).await.unwrap().status()
 }

@@ -31,7 +31,7 @@ impl IntoResponse for FenceError {
     /// log, never to the client.
     fn into_response(self) -> Response {
         if let Some(rejection) = self.rejection() {
-            return rejection.respond_with(&ProblemJson);
+            return rejection.respond_with::<Body, _>(&ProblemJson).map(Body::new);
         }
         let (status, kind, title, detail) = if self.is_retryable() {
             tracing::warn!(error = %self, "fenced transaction failed: answering 503");

@@ -10,7 +10,9 @@
 //! `verified` (an Ed25519 verifier, equal tokens: it is never asked),
 //! `signed_raise` and `verified_raise` (every request raises with a freshly signed
 //! proof; only the second checks it, so their difference is one verification),
-//! `handwritten`, `governor`), the second the number of requests (at most 100
+//! `handwritten`, `governor`; with `--features metrics`, `fenced_metrics` (the
+//! layer's `metrics` feature, no recorder installed) and `fenced_prometheus` (a
+//! Prometheus recorder installed)), the second the number of requests (at most 100
 //! million), the third how many other keys to pre-seed (default 0). It prints the
 //! wall time and the on-CPU time per request (the latter from
 //! `/proc/thread-self/schedstat`, less disturbed by other processes).
@@ -92,6 +94,23 @@ fn service_named(name: &str, others: usize) -> Option<Router> {
         "noop" => noop(),
         "fenced" | "fenced_raise" | "signed_raise" => fenced(seeded_store(others, 1, &[(HOT, 7)])),
         "verified" | "verified_raise" => fenced_verified(seeded_store(others, 1, &[(HOT, 7)]), &SIGNER),
+        #[cfg(feature = "metrics")]
+        "fenced_metrics" => fenced(seeded_store(others, 1, &[(HOT, 7)])),
+        #[cfg(feature = "metrics")]
+        "fenced_prometheus" => {
+            // Kept by the recorder for the whole run; nobody scrapes it.
+            let _handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+                .install_recorder()
+                .expect("the first recorder");
+            fenced(seeded_store(others, 1, &[(HOT, 7)]))
+        }
+        #[cfg(not(feature = "metrics"))]
+        "fenced_metrics" | "fenced_prometheus" => {
+            eprintln!(
+                "{name} needs the metrics feature: cargo build --release -p fencing-benches --example hot_loop --features metrics"
+            );
+            std::process::exit(2);
+        }
         "handwritten" => handwritten::router(handwritten::seeded(others, &[(HOT, 7)])),
         "governor" => {
             let config = governor::seeded(others);

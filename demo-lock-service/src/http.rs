@@ -21,7 +21,12 @@ use crate::{AcquireError, LockService, MAX_BODY_BYTES, TokenCheck, ceil_ms, chec
 const PROBLEM_TYPE_PREFIX: &str = "urn:fencing:problem:";
 
 pub(crate) fn router(service: LockService) -> Router {
-    Router::new()
+    let router = Router::new();
+    let router = match service.config().metrics.clone() {
+        Some(handle) => router.route("/metrics", get(move || async move { crate::metrics::render(&handle) })),
+        None => router,
+    };
+    router
         .route("/v1/leases", post(acquire))
         .route("/v1/leases/{lease_id}/keepalive", post(keepalive))
         .route("/v1/leases/{lease_id}", delete(release))

@@ -11,6 +11,7 @@
 //! | `GET /v1/locks/{name}` | 200 `{"name","holder","token","expires_in_ms"}` | 404 free |
 //! | `GET /v1/locks/{name}/tokens/{token}` | 200 `{"lock","token","valid":true,"expires_in_ms"}` or `{"lock","token","valid":false,"reason"}` | 400 bad name or token |
 //! | `GET /healthz` | 200 | |
+//! | `GET /metrics` | 200: grants, conflicts, expiries, keepalives and releases in Prometheus text (the binary; a library user sets [`Config::with_metrics`]) | 404 without it |
 //!
 //! Every error body is an RFC 9457 `application/problem+json` object.
 //!
@@ -54,6 +55,7 @@
 //! ```
 
 mod http;
+mod metrics;
 mod shutdown;
 mod store;
 
@@ -70,7 +72,9 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+pub use crate::metrics::install_prometheus;
 pub use fencing_layer::ProofSigner;
+use metrics_exporter_prometheus::PrometheusHandle;
 pub use shutdown::shutdown_signal;
 use store::{Store, StoreError};
 
@@ -105,6 +109,8 @@ pub struct Config {
     pub max_leases: usize,
     /// Signs every grant's (lock name, token) when set: the grant's `proof`.
     pub signer: Option<ProofSigner>,
+    /// Serves `GET /metrics` (Prometheus text) from this handle when set; see [`install_prometheus`].
+    pub metrics: Option<PrometheusHandle>,
 }
 
 impl Config {
@@ -116,7 +122,16 @@ impl Config {
             max_ttl: DEFAULT_MAX_TTL,
             max_leases: DEFAULT_MAX_LEASES,
             signer: None,
+            metrics: None,
         }
+    }
+
+    /// Serves `GET /metrics` from `handle`: grants, conflicts, expiries,
+    /// keepalives and releases, as counted by the recorder it belongs to.
+    pub fn with_metrics(mut self, handle: PrometheusHandle) -> Self {
+        metrics::describe();
+        self.metrics = Some(handle);
+        self
     }
 
     /// Sets the most leases held at once.
@@ -446,6 +461,7 @@ impl LockService {
         }
         let (token, ttl) = (live.token, live.ttl);
         table.renew(&name, expiry(now, ttl));
+        metrics::kept_alive();
         Some(Renewal { lease_id: lease_id.to_owned(), token, ttl })
     }
 
@@ -566,6 +582,7 @@ impl Inner {
                 && cur.expires > now
                 && *cur.holder != *holder
             {
+                metrics::conflicted();
                 return Err(AcquireError::Held {
                     holder: cur.holder.to_string(),
                     expires_in: cur.expires - now,
@@ -614,7 +631,9 @@ impl Inner {
         drop(guard);
         if !expired.is_empty() {
             tracing::debug!(forgotten = expired.len(), "expired leases forgotten");
+            metrics::expired(expired.len());
         }
+        metrics::granted();
         tracing::info!(%name, holder, token, ttl_ms, "granted");
         let proof = self.config.signer.as_ref().map(|s| s.sign(&name, token));
         Ok(Grant { lease_id: format_lease_id(lease_id), name: name.to_string(), holder, token, ttl, proof })
@@ -639,6 +658,11 @@ impl Inner {
         lock(&self.table).remove_by_id(lease_id);
         drop(guard);
         tracing::info!(%name, live, "released");
+        if live {
+            metrics::released();
+        } else {
+            metrics::expired(1);
+        }
         Ok(live)
     }
 }

@@ -109,6 +109,7 @@ async fn run(cli: Serve) -> Result<(), Box<dyn std::error::Error>> {
         tracing::info!(public_key = signer.public_key().to_base64(), "grants are signed");
         config = config.with_signer(signer);
     }
+    config = config.with_metrics(demo_lock_service::install_prometheus()?);
     let service = LockService::open(config)?;
     let listener =
         TcpListener::bind(cli.listen).await.map_err(|e| format!("cannot listen on {}: {e}", cli.listen))?;

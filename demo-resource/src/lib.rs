@@ -11,6 +11,7 @@
 //! | `GET /kv/{key}` | 200 `{"key","token","value"}` | 404 unknown key |
 //! | `DELETE /kv/{key}` (fenced) | 204 | 404 unknown key; the layer's errors |
 //! | `GET /healthz` | 200 `ok` | |
+//! | `GET /metrics` | 200: the fencing layer's metrics (`layer="demo-resource"`) in Prometheus text; `serve` always, a library user through [`Resource::with_metrics`] | 404 without a handle |
 //!
 //! # Token authenticity
 //!
@@ -89,6 +90,7 @@ mod admin;
 mod backend;
 mod http;
 mod marks;
+mod metrics;
 mod postgres;
 pub mod scenario;
 mod store;
@@ -103,6 +105,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencing_layer::{Ed25519Verifier, FencingLayer, MarkStore, ProofPublicKey, TokenVerifier};
+use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -112,6 +115,9 @@ pub use crate::marks::{OpenMarksError, ResetError, StoppedMarks};
 use crate::postgres::PgData;
 use crate::store::Data;
 pub use crate::store::Entry;
+/// Installs the process's Prometheus recorder (the same as the lock service's); pass its handle to
+/// [`Resource::with_metrics`].
+pub use demo_lock_service::install_prometheus;
 
 /// Largest accepted body of a write, in bytes (64 KiB); a larger one gets 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -250,6 +256,7 @@ pub struct Resource {
     app: App,
     marks: Option<MarkStore>,
     verifier: Option<Verifier>,
+    metrics: Option<PrometheusHandle>,
 }
 
 /// What the handlers share.
@@ -367,7 +374,7 @@ impl Resource {
             in_flight: Arc::new(watch::Sender::new(BTreeMap::new())),
             delays: Arc::new(watch::Sender::new(0)),
         };
-        Self { app, marks, verifier }
+        Self { app, marks, verifier, metrics: None }
     }
 
     /// Asks `verifier` before any token raises a mark (403 when it refuses,
@@ -383,6 +390,14 @@ impl Resource {
         self
     }
 
+    /// Serves `GET /metrics` from `handle` (see [`install_prometheus`]); routers
+    /// built afterwards have the route.
+    #[must_use]
+    pub fn with_metrics(mut self, handle: PrometheusHandle) -> Self {
+        self.metrics = Some(handle);
+        self
+    }
+
     /// The service's routes, fenced unless the config said otherwise.
     pub fn router(&self) -> axum::Router {
         let routes = http::routes();
@@ -390,12 +405,18 @@ impl Resource {
             // The one line that fences an existing router's write routes. `route_layer`,
             // so unknown routes are 404 without touching the key table.
             Some(marks) => {
-                let layer = FencingLayer::new().store(marks.clone());
+                let layer = FencingLayer::new().store(marks.clone()).metrics_label("demo-resource");
                 let layer = match &self.verifier {
                     Some(verifier) => layer.verifier(Arc::clone(&verifier.0)),
                     None => layer,
                 };
                 routes.route_layer(layer)
+            }
+            None => routes,
+        };
+        let routes = match self.metrics.clone() {
+            Some(handle) => {
+                routes.route("/metrics", axum::routing::get(move || async move { metrics::render(&handle) }))
             }
             None => routes,
         };

@@ -238,7 +238,8 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
         }
         Storage::Postgres { fence_in_transaction: false, .. } => "postgres, local marks only".to_owned(),
     };
-    let resource = Resource::connect(config.clone()).await?;
+    let resource =
+        Resource::connect(config.clone()).await?.with_metrics(demo_resource::install_prometheus()?);
     let listener =
         TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let addr = listener.local_addr()?;

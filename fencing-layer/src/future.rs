@@ -14,6 +14,7 @@ use tower_service::Service;
 
 use crate::grpc::is_grpc;
 use crate::layer::Shared;
+use crate::metrics::{InsideCount, Stopwatch};
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
 use crate::store::admission::{Admission, InsideGuard, KeyState, RecordDuty, WaitFor};
@@ -44,7 +45,7 @@ pin_project! {
         Inside {
             #[pin]
             future: S::Future,
-            guard: Option<InsideGuard>,
+            place: Option<Place>,
         },
         // Admitted under the cancel policy: dropped as soon as a higher token arrives.
         // Field order matters: the inner future is dropped before the guard (in
@@ -69,6 +70,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             permit: SharedPermit,
+            counted: InsideCount,
         },
         // Answered in `call`; the response is built when first polled.
         Rejected {
@@ -92,6 +94,9 @@ pin_project! {
         state: Arc<KeyState>,
         // Taken when the request enters.
         pending: Option<Pending<S, B, E, R>>,
+        // How long this request waited for lower tokens to leave, and for its own durable write.
+        drain: Stopwatch,
+        record: Stopwatch,
     }
 }
 
@@ -142,11 +147,19 @@ pin_project! {
         #[pin]
         overtaken: OwnedNotified,
         guard: InsideGuard,
+        _counted: InsideCount,
         key: String,
         token: FencingToken,
         grpc: bool,
         shared: Arc<Shared<E, R>>,
     }
+}
+
+/// An admitted request's place inside: the key's guard, and its count in the
+/// metrics (nothing without the `metrics` feature).
+struct Place {
+    _guard: InsideGuard,
+    _counted: InsideCount,
 }
 
 /// Why a waiting request's wake-up refused it.
@@ -172,7 +185,7 @@ where
     R: RejectionResponder<ResBody>,
 {
     pub(crate) fn unfenced(future: S::Future) -> Self {
-        Self::from(Kind::Inside { future, guard: None })
+        Self::from(Kind::Inside { future, place: None })
     }
 
     /// Answers `rejection` to the request with `headers`.
@@ -205,16 +218,25 @@ where
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
         let pending = Pending { inner, request, token, key, shared: Arc::clone(shared), verified: false };
+        let (mut drain, mut record) = (Stopwatch::new(), Stopwatch::new());
         let wake = match admission {
-            Admission::Wait(notified, waiting_for) => Wake::Notified { notified, waiting_for },
-            Admission::Record(duty) => pending.record(duty),
+            Admission::Wait(notified, waiting_for) => {
+                if waiting_for == WaitFor::Drain {
+                    drain.start();
+                }
+                Wake::Notified { notified, waiting_for }
+            }
+            Admission::Record(duty) => {
+                record.start();
+                pending.record(duty)
+            }
             Admission::Verify { mark } => Wake::Verifying { verification: pending.verify(mark) },
             Admission::Enter(_) | Admission::Stale { .. } => {
                 unreachable!("enter and stale are answered in `call`")
             }
         };
         let deadline = tokio::time::sleep_until(deadline_after(shared.config.bound(wake.bound())));
-        let waiting = Box::pin(Waiting { wake, deadline, state, pending: Some(pending) });
+        let waiting = Box::pin(Waiting { wake, deadline, state, pending: Some(pending), drain, record });
         Self::from(Kind::Admitting { waiting })
     }
 
@@ -265,14 +287,17 @@ where
     ) -> Self {
         request.extensions_mut().insert(token);
         let Some(key) = key else {
-            return Self::Inside { future: inner.call(request), guard: Some(guard) };
+            let place = Place { _guard: guard, _counted: shared.config.metrics.admitted() };
+            return Self::Inside { future: inner.call(request), place: Some(place) };
         };
         let grpc = is_grpc(request.headers());
         match guard.state().watch(token.get()) {
-            Ok(overtaken) => Self::Watched {
-                future: inner.call(request),
-                watch: Box::pin(Watch { overtaken, guard, key, token, grpc, shared: Arc::clone(shared) }),
-            },
+            Ok(overtaken) => {
+                let _counted = shared.config.metrics.admitted();
+                let watch =
+                    Watch { overtaken, guard, _counted, key, token, grpc, shared: Arc::clone(shared) };
+                Self::Watched { future: inner.call(request), watch: Box::pin(watch) }
+            }
             // Overtaken between admission and now: it never reached the inner service.
             Err(highest) => {
                 drop(guard);
@@ -400,6 +425,7 @@ where
                 KindProj::Admitting { waiting } => {
                     let waiting = waiting.as_mut().project();
                     let (mut wake, deadline, slot) = (waiting.wake, waiting.deadline, waiting.pending);
+                    let (drain, record) = (waiting.drain, waiting.record);
                     let state = &*waiting.state;
                     let Some(pending) = slot.as_mut() else { unreachable!("taken only on entering") };
                     let waited_for = wake.bound();
@@ -416,9 +442,14 @@ where
                         }
                     };
                     let config = &pending.shared.config;
+                    if woken.is_ready() && waited_for == WaitFor::Write {
+                        // This request's own write, if it was one, is done either way.
+                        config.metrics.recorded(record);
+                    }
                     let rejection = match woken {
                         Poll::Pending => {
                             ready!(deadline.poll(cx));
+                            config.metrics.recorded(record);
                             match waited_for {
                                 WaitFor::Write => pending
                                     .store_unavailable(StoreError::Timeout(config.store.write_timeout())),
@@ -435,12 +466,17 @@ where
                             _ => pending.store_unavailable(error),
                         },
                         Poll::Ready(Ok(())) => {
-                            match state.admit(
-                                &pending.key,
-                                pending.token.get(),
-                                config.rules(pending.verified),
-                            ) {
+                            let rules = config.rules(pending.verified);
+                            let (admission, raised) =
+                                state.admit_raising(&pending.key, pending.token.get(), rules);
+                            if raised {
+                                config.metrics.raised(&config.store);
+                            }
+                            match admission {
                                 Admission::Wait(notified, waiting_for) => {
+                                    if waiting_for == WaitFor::Drain {
+                                        drain.start();
+                                    }
                                     // A new bound when the wait changes kind (the write is
                                     // done, the drain begins); the same bound otherwise.
                                     if waiting_for != waited_for {
@@ -451,6 +487,7 @@ where
                                 }
                                 Admission::Record(duty) => {
                                     // The previous write failed: this request writes, with its own bound.
+                                    record.start();
                                     deadline.reset(deadline_after(config.store.write_timeout()));
                                     wake.set(pending.record(duty));
                                     continue;
@@ -462,6 +499,7 @@ where
                                     continue;
                                 }
                                 Admission::Enter(guard) => {
+                                    config.metrics.drain_waited(drain);
                                     let Some(pending) = slot.take() else { unreachable!("checked above") };
                                     let Pending { mut inner, request, token, key, shared, .. } = pending;
                                     tracing::debug!(
@@ -477,6 +515,7 @@ where
                             }
                         }
                     };
+                    pending.shared.config.metrics.drain_waited(drain);
                     let response = pending.answer(rejection);
                     kind.set(Kind::Finished);
                     return Poll::Ready(Ok(response));
@@ -526,10 +565,11 @@ where
                         }
                         Poll::Ready(Ok(permit)) => {
                             let Some(pending) = waiting.pending.take() else { unreachable!("checked above") };
-                            let Pending { mut inner, mut request, token, key, .. } = pending;
+                            let Pending { mut inner, mut request, token, key, shared, .. } = pending;
                             tracing::debug!(key = ?key, token = token.get(), "fenced request admitted by the shared store");
                             request.extensions_mut().insert(token);
-                            kind.set(Kind::SharedInside { future: inner.call(request), permit });
+                            let counted = shared.config.metrics.admitted();
+                            kind.set(Kind::SharedInside { future: inner.call(request), permit, counted });
                             continue;
                         }
                         Poll::Ready(Err(SharedRefusal::Stale { highest })) => pending.stale(highest),

@@ -10,6 +10,7 @@ use tower_layer::Layer;
 
 use crate::key::{KeyFn, KeyRequest, OwnedKeyFn, PathKey};
 use crate::methods::MethodSet;
+use crate::metrics::Metrics;
 use crate::rejection::Rejection;
 use crate::respond::{ProblemJson, RejectionResponder};
 use crate::service::Fencing;
@@ -59,11 +60,12 @@ pub(crate) struct Shared<E, R> {
 
 impl<E, R> Shared<E, R> {
     /// The response for `rejection`: a gRPC status to a gRPC request (unless
-    /// turned off), the responder's otherwise.
+    /// turned off), the responder's otherwise. Every refusal passes here, and is counted.
     pub(crate) fn answer<B>(&self, rejection: Rejection, grpc: bool) -> Response<B>
     where
         R: RejectionResponder<B>,
     {
+        self.config.metrics.rejected(&rejection);
         if grpc && self.config.grpc_statuses {
             rejection.respond_with(&GrpcFirst(&self.responder))
         } else {
@@ -100,6 +102,8 @@ pub(crate) struct Config {
     pub(crate) grpc_statuses: bool,
     /// When set, requests it holds for pass through unfenced.
     pub(crate) unfenced_if: Option<UnfencedIf>,
+    /// Counters and the like (nothing without the `metrics` feature).
+    pub(crate) metrics: Metrics,
 }
 
 /// The [`FencingLayer::unfenced_if`] predicate: shared, and debug-printable.
@@ -186,6 +190,7 @@ impl FencingLayer {
             verify_timeout: DEFAULT_VERIFY_TIMEOUT,
             grpc_statuses: true,
             unfenced_if: None,
+            metrics: Metrics::new(),
         };
         Self::from_parts(PathKey, ProblemJson, config)
     }
@@ -287,6 +292,17 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
         self.with(|s| s.verify_timeout = timeout)
     }
 
+    /// Adds the label `layer="{name}"` to every metric this layer reports, so
+    /// that several fenced routers in one process can be told apart (feature
+    /// `metrics`; see the crate docs for the metrics). The name should be one
+    /// of a few fixed strings, never a resource key: each name is a series.
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_label(self, name: impl Into<Arc<str>>) -> Self {
+        let name = name.into();
+        self.with(|s| s.metrics.set_label(name))
+    }
+
     /// Keys requests with `extractor` instead of by path.
     pub fn key_extractor<E2>(self, extractor: E2) -> FencingLayer<E2, R> {
         let Shared { responder, config, .. } = Arc::unwrap_or_clone(self.shared);
@@ -367,6 +383,7 @@ impl<E, R> fmt::Debug for FencingLayer<E, R> {
             .field("shared_store", &s.shared_store)
             .field("verifier", &s.verifier)
             .field("verify_timeout", &s.verify_timeout)
+            .field("metrics", &s.metrics)
             .finish_non_exhaustive()
     }
 }

@@ -147,11 +147,33 @@
 //! PostgreSQL); for effects inside a database, check the token in the write's
 //! own transaction as well (`fencing_postgres::PgFence::fence`).
 //!
+//! # Metrics
+//!
+//! With the `metrics` feature the layer reports through the [`metrics`](https://docs.rs/metrics)
+//! facade, to whatever exporter the application installed (none in this crate):
+//!
+//! | name | type | labels | meaning |
+//! |---|---|---|---|
+//! | `fencing_requests_total` | counter | `outcome` | fenced requests: `admitted`, `stale` (409, cancelled ones included), `missing` (428), `invalid` (400), `unverified` (403), `verifier-unavailable`, `key-table-full`, `drain-timeout`, `store-unavailable` (503), `unfenced` (let through without a token) |
+//! | `fencing_raises_total` | counter | | times a token raised a key's mark |
+//! | `fencing_drain_wait_seconds` | histogram | | how long a request waited for lower tokens to leave (requests that waited) |
+//! | `fencing_durable_record_seconds` | histogram | | how long the durable store took to record a raise |
+//! | `fencing_requests_inside` | gauge | | fenced requests inside the inner service |
+//! | `fencing_tracked_keys` | gauge | | keys in the mark store, as of the last raise |
+//!
+//! No label names a resource key. `FencingLayer::metrics_label("orders")` adds
+//! `layer="orders"` to every series of that layer. The handles are made on the
+//! layer's first request, with the recorder installed then; requests do not
+//! build labels. With a shared store, raises and drains happen in the store and
+//! are not counted here. A `stale` refusal means a lock was violated somewhere:
+//! alert on it (`docs/metrics.md` in the repository has the rule).
+//!
 //! # Cargo features
 //!
 //! - `axum`: [`FencingToken`] as an extractor; `PathParamKey`, keying by one path parameter.
 //! - `redb`: [`RedbMarkLog`] and [`MarkStore::open`].
 //! - `ed25519`: tokens signed by the lock service: `Ed25519Verifier` and `ProofSigner`.
+//! - `metrics`: counters, histograms and gauges through the `metrics` facade (above).
 //!
 //! The crate needs a tokio runtime with the time driver (as `#[tokio::main]`
 //! gives) for the drain timeout.
@@ -167,6 +189,7 @@ mod grpc;
 mod key;
 mod layer;
 mod methods;
+mod metrics;
 #[cfg(feature = "ed25519")]
 mod proof;
 mod rejection;

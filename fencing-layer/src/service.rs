@@ -105,7 +105,10 @@ where
         }
         let token = match FencingToken::from_headers(request.headers(), &config.header) {
             Ok(Some(token)) => token,
-            Ok(None) if config.allow_unfenced => return ResponseFuture::unfenced(self.inner.call(request)),
+            Ok(None) if config.allow_unfenced => {
+                config.metrics.unfenced();
+                return ResponseFuture::unfenced(self.inner.call(request));
+            }
             Ok(None) => return ResponseFuture::rejected(shared, Rejection::MissingToken, request.headers()),
             Err(error) => {
                 return ResponseFuture::rejected(shared, Rejection::InvalidToken(error), request.headers());
@@ -142,7 +145,11 @@ where
                 return ResponseFuture::rejected(shared, rejection, request.headers());
             }
         };
-        match state.admit(&key, token.get(), config.rules(false)) {
+        let (admission, raised) = state.admit_raising(&key, token.get(), config.rules(false));
+        if raised {
+            config.metrics.raised(&config.store);
+        }
+        match admission {
             Admission::Enter(guard) => {
                 let key = admitted(config, key, token);
                 ResponseFuture::enter(&mut self.inner, request, token, key, guard, shared)

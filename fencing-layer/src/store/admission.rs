@@ -181,15 +181,23 @@ impl KeyState {
     }
 
     /// Decides what a request carrying `token` may do under `rules`.
+    #[cfg(test)]
     pub(crate) fn admit(self: &Arc<Self>, key: &str, token: u64, rules: Rules) -> Admission {
+        self.admit_raising(key, token, rules).0
+    }
+
+    /// Decides what a request carrying `token` may do under `rules`, and
+    /// whether that raised the mark (exactly one request reports each raise).
+    pub(crate) fn admit_raising(self: &Arc<Self>, key: &str, token: u64, rules: Rules) -> (Admission, bool) {
         let mut m = self.lock();
         let old = m.mark;
         let admission = self.decide(&mut m, token, rules);
         drop(m);
-        if token > old && !matches!(admission, Admission::Verify { .. }) {
+        let raised = token > old && !matches!(admission, Admission::Verify { .. });
+        if raised {
             tracing::info!(key = ?key, old, new = token, "fencing mark raised");
         }
-        admission
+        (admission, raised)
     }
 
     fn decide(self: &Arc<Self>, m: &mut Marks, token: u64, rules: Rules) -> Admission {

@@ -284,29 +284,34 @@ impl PgLockClient {
         }
         let ttl_ms = ttl_millis(ttl)?;
         let client = self.pool.get().await.map_err(pool_error)?;
-        let granted =
-            client.query_opt(&self.sql.acquire, &[&name, &holder, &ttl_ms]).await.map_err(pg_error)?;
-        if let Some(row) = granted {
-            let token = token_from_db(row.try_get(0).map_err(pg_error)?)?;
-            let ttl = millis(row.try_get(1).map_err(pg_error)?);
-            tracing::debug!(name, holder, token, "PostgreSQL lock acquired");
-            return Ok(Grant {
-                lease_id: token.to_string(),
-                name: name.to_owned(),
-                holder: holder.to_owned(),
-                token,
-                ttl,
-                proof: None,
-            });
+        // The lock can be released or expire between the attempt and the look at its
+        // holder; then it is free, and the attempt is worth making again (a few times:
+        // each retry means another client released or let it expire meanwhile).
+        for _ in 0..3 {
+            let granted =
+                client.query_opt(&self.sql.acquire, &[&name, &holder, &ttl_ms]).await.map_err(pg_error)?;
+            if let Some(row) = granted {
+                let token = token_from_db(row.try_get(0).map_err(pg_error)?)?;
+                let ttl = millis(row.try_get(1).map_err(pg_error)?);
+                tracing::debug!(name, holder, token, "PostgreSQL lock acquired");
+                return Ok(Grant {
+                    lease_id: token.to_string(),
+                    name: name.to_owned(),
+                    holder: holder.to_owned(),
+                    token,
+                    ttl,
+                    proof: None,
+                });
+            }
+            // Held (or taken by a racing acquire): report who holds it now.
+            if let Some(row) = client.query_opt(&self.sql.holder, &[&name]).await.map_err(pg_error)? {
+                let (held_by, expires_in) =
+                    (row.try_get(0).map_err(pg_error)?, millis(row.try_get(1).map_err(pg_error)?));
+                return Err(LockError::Held { holder: held_by, expires_in, retry_after: None });
+            }
         }
-        // Held (or taken by a racing acquire): report who holds it now.
-        let row = client.query_opt(&self.sql.holder, &[&name]).await.map_err(pg_error)?;
-        let (holder, expires_in) = match row {
-            Some(row) => (row.try_get(0).map_err(pg_error)?, millis(row.try_get(1).map_err(pg_error)?)),
-            // Released or expired between the two statements: free now, try again.
-            None => (String::new(), Duration::ZERO),
-        };
-        Err(LockError::Held { holder, expires_in, retry_after: None })
+        // Held at each attempt and free at each look: held, by nobody known.
+        Err(LockError::Held { holder: String::new(), expires_in: Duration::ZERO, retry_after: None })
     }
 
     async fn do_keepalive(&self, grant: &Grant) -> Result<(), LockError> {

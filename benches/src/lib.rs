@@ -75,6 +75,12 @@ pub fn fenced(store: MarkStore) -> Router {
     routes().route_layer(FencingLayer::new().store(store))
 }
 
+/// [`fenced`], with the layer leaving the token out of the request extensions
+/// ([`FencingLayer::token_extension`]`(false)`).
+pub fn fenced_lean(store: MarkStore) -> Router {
+    routes().route_layer(FencingLayer::new().store(store).token_extension(false))
+}
+
 /// [`routes`] fenced with `store` and an [`Ed25519Verifier`](fencing_layer::Ed25519Verifier)
 /// trusting `signer`'s key, each path its own lock.
 pub fn fenced_verified(store: MarkStore, signer: &fencing_layer::ProofSigner) -> Router {

@@ -51,7 +51,8 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for FencingToken {
 }
 
 /// The handler asked for a [`FencingToken`] but no [`FencingLayer`](crate::FencingLayer)
-/// admitted the request: the layer is missing from the route, or the request was
+/// admitted the request: the layer is missing from the route, it was built with
+/// [`token_extension(false)`](crate::FencingLayer::token_extension), or the request was
 /// not fenced (a GET, or a tokenless request under `allow_unfenced`). A server
 /// configuration error, answered 500; take `Option<FencingToken>` where
 /// unfenced requests are expected.
@@ -61,8 +62,9 @@ pub struct MissingFencingToken;
 impl std::fmt::Display for MissingFencingToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(
-            "the handler needs a fencing token, but no FencingLayer admitted this request: \
-             add the layer to this route, or extract Option<FencingToken>",
+            "the handler needs a fencing token, but no FencingLayer admitted this request \
+             with its token in the extensions: add the layer to this route (without \
+             token_extension(false)), or extract Option<FencingToken>",
         )
     }
 }

@@ -189,6 +189,7 @@ where
     }
 
     /// Answers `rejection` to the request with `headers`.
+    #[cold]
     pub(crate) fn rejected(shared: &Arc<Shared<E, R>>, rejection: Rejection, headers: &HeaderMap) -> Self {
         let grpc = is_grpc(headers);
         Self::from(Kind::Rejected { rejection: Some(rejection), grpc, shared: Arc::clone(shared) })
@@ -196,6 +197,7 @@ where
 
     /// Calls `inner` with a request that [`Admission::Enter`] let in. `key` is
     /// given when the cancel policy is on.
+    #[inline(always)]
     pub(crate) fn enter(
         inner: &mut S,
         request: Request<B>,
@@ -208,6 +210,7 @@ where
     }
 
     /// Waits as `admission` (a wait or a record) says, then tries again.
+    #[cold]
     pub(crate) fn admitting(
         admission: Admission,
         inner: S,
@@ -243,6 +246,7 @@ where
     /// Waits for a shared store's decision on the request, then calls `inner` or
     /// refuses. With a verifier, a token above the highest this process has
     /// verified for the key is verified first (see [`Pending::shared_floor`]).
+    #[inline(never)]
     pub(crate) fn shared(
         inner: S,
         request: Request<B>,
@@ -277,6 +281,7 @@ where
     S: Service<Request<B>, Response = Response<ResBody>>,
     R: RejectionResponder<ResBody>,
 {
+    #[inline(always)]
     fn enter(
         inner: &mut S,
         mut request: Request<B>,
@@ -285,7 +290,9 @@ where
         guard: InsideGuard,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        request.extensions_mut().insert(token);
+        if shared.config.token_extension {
+            request.extensions_mut().insert(token);
+        }
         let Some(key) = key else {
             let place = Place { _guard: guard, _counted: shared.config.metrics.admitted() };
             return Self::Inside { future: inner.call(request), place: Some(place) };
@@ -567,7 +574,9 @@ where
                             let Some(pending) = waiting.pending.take() else { unreachable!("checked above") };
                             let Pending { mut inner, mut request, token, key, shared, .. } = pending;
                             tracing::debug!(key = ?key, token = token.get(), "fenced request admitted by the shared store");
-                            request.extensions_mut().insert(token);
+                            if shared.config.token_extension {
+                                request.extensions_mut().insert(token);
+                            }
                             let counted = shared.config.metrics.admitted();
                             kind.set(Kind::SharedInside { future: inner.call(request), permit, counted });
                             continue;

@@ -80,6 +80,7 @@ where
 pub struct PathKey;
 
 impl<B> KeyExtractor<B> for PathKey {
+    #[inline(always)]
     fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
         let path = full_path(request);
         // Most paths have no escapes: borrow them as they are (a URI path is already UTF-8).
@@ -96,6 +97,7 @@ impl<B> KeyExtractor<B> for PathKey {
 
 /// The request's path as the client sent it: axum's nested routers strip their
 /// prefix from the URI and keep the original in `OriginalUri`.
+#[inline(always)]
 pub(crate) fn full_path<B>(request: &Request<B>) -> &str {
     #[cfg(feature = "axum")]
     if let Some(axum::extract::OriginalUri(uri)) = request.extensions().get() {

@@ -104,6 +104,8 @@ pub(crate) struct Config {
     pub(crate) unfenced_if: Option<UnfencedIf>,
     /// Counters and the like (nothing without the `metrics` feature).
     pub(crate) metrics: Metrics,
+    /// Put the admitted token into the request extensions.
+    pub(crate) token_extension: bool,
 }
 
 /// The [`FencingLayer::unfenced_if`] predicate: shared, and debug-printable.
@@ -181,6 +183,7 @@ impl FencingLayer {
                 .into_iter()
                 .collect(),
             allow_unfenced: false,
+            token_extension: true,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
             retry_after: Duration::from_secs(1),
             policy: InFlightPolicy::Drain,
@@ -238,6 +241,35 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// Requests that do carry a token are still checked.
     pub fn allow_unfenced(self, allow: bool) -> Self {
         self.with(|s| s.allow_unfenced = allow)
+    }
+
+    /// Whether an admitted request carries its token into the inner service in
+    /// the request extensions (default `true`), where the [`FencingToken`]
+    /// extractor, `Extension<FencingToken>` and `extensions().get()` find it.
+    ///
+    /// Turn it off on routes whose handlers never read the token: the fencing
+    /// is the same, and the insert is most of what the layer costs per request
+    /// (in an axum router the token is a fourth extension, so the map moves to a
+    /// bigger table, and the value is boxed: two allocations; see
+    /// `BENCHMARKS.md`). A handler that asks for the token anyway gets
+    /// [`MissingFencingToken`](crate::MissingFencingToken) (500) with the axum
+    /// feature. The token header itself passes through untouched, so a handler
+    /// that only needs the value can read it there: the layer has checked it.
+    ///
+    /// ```
+    /// use axum::{Router, routing::put};
+    /// use fencing_layer::FencingLayer;
+    ///
+    /// // The handler only has to be fenced; it does not pass the token on.
+    /// let app: Router = Router::new()
+    ///     .route("/counters/{name}", put(|| async { "incremented" }))
+    ///     .route_layer(FencingLayer::new().token_extension(false));
+    /// # let _ = app;
+    /// ```
+    ///
+    /// [`FencingToken`]: crate::FencingToken
+    pub fn token_extension(self, insert: bool) -> Self {
+        self.with(|s| s.token_extension = insert)
     }
 
     /// How long a higher token waits for lower-token requests to leave the
@@ -377,6 +409,7 @@ impl<E, R> fmt::Debug for FencingLayer<E, R> {
             .field("header", &s.header)
             .field("unfenced_methods", &s.unfenced_methods)
             .field("allow_unfenced", &s.allow_unfenced)
+            .field("token_extension", &s.token_extension)
             .field("drain_timeout", &s.drain_timeout)
             .field("policy", &s.policy)
             .field("store", &s.store)

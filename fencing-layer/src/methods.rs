@@ -29,6 +29,7 @@ impl MethodSet {
         Some(1 << index)
     }
 
+    #[inline]
     pub(crate) fn contains(&self, method: &Method) -> bool {
         match Self::bit(method) {
             Some(bit) => self.standard & bit != 0,

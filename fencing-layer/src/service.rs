@@ -177,6 +177,7 @@ fn take_readied<S: Clone>(inner: &mut S) -> S {
 }
 
 /// Logs an admission; returns the key to keep when the cancel policy watches in-flight requests.
+#[inline(always)]
 fn admitted(config: &Config, key: Cow<'_, str>, token: FencingToken) -> Option<String> {
     tracing::debug!(key = ?key, token = token.get(), "fenced request admitted");
     config.watches_in_flight().then(|| key.into_owned())

@@ -48,6 +48,7 @@ impl FencingToken {
     /// # Errors
     ///
     /// Returns the first way in which `bytes` is not a canonical decimal `u64`.
+    #[inline]
     pub fn parse_bytes(bytes: &[u8]) -> Result<Self, TokenError> {
         let (first, rest) = bytes.split_first().ok_or(TokenError::Empty)?;
         if !first.is_ascii_digit() || !rest.iter().all(u8::is_ascii_digit) {
@@ -84,6 +85,7 @@ impl FencingToken {
     /// [`from_header_values`](Self::from_header_values) does. A write request
     /// carries a handful of headers, and comparing their names is cheaper than
     /// hashing a custom name for the map's lookup; big maps are looked up.
+    #[inline(always)]
     pub(crate) fn from_headers(headers: &HeaderMap, name: &HeaderName) -> Result<Option<Self>, TokenError> {
         if headers.len() > SCAN_AT_MOST {
             return Self::from_header_values(headers.get_all(name));

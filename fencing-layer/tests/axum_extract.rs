@@ -73,3 +73,62 @@ async fn path_param_keys_share_a_mark_across_routes_and_nesting() {
         "no resource key in the request: the route /plain has no path parameter doc"
     );
 }
+
+#[tokio::test]
+async fn without_the_token_extension_the_route_is_fenced_all_the_same() {
+    use std::sync::{Arc, Mutex};
+    use tokio::sync::{Notify, mpsc};
+
+    let store = MarkStore::in_memory();
+    let layer = FencingLayer::new().store(store.clone()).token_extension(false);
+    // The handler records what it saw: the extension (absent) and the header the layer checked.
+    let (entered, mut entries) = mpsc::unbounded_channel::<String>();
+    let release = Arc::new(Notify::new());
+    let hold_first = Arc::new(Mutex::new(true));
+    let handler = {
+        let release = Arc::clone(&release);
+        move |token: Option<FencingToken>, headers: http::HeaderMap| {
+            let (entered, release, hold_first) =
+                (entered.clone(), Arc::clone(&release), Arc::clone(&hold_first));
+            async move {
+                let header = headers["fencing-token"].to_str().unwrap().to_owned();
+                entered.send(format!("{token:?} {header}")).unwrap();
+                let hold = std::mem::replace(&mut *hold_first.lock().unwrap(), false);
+                if hold {
+                    release.notified().await;
+                }
+                header
+            }
+        }
+    };
+    let router = Router::new()
+        .route("/docs/{doc}", post(handler))
+        .route("/strict/{doc}", post(|token: FencingToken| async move { token.to_string() }))
+        .route_layer(layer);
+
+    // Token 5 enters and stays inside; token 6 must wait for it to leave.
+    let first = tokio::spawn({
+        let router = router.clone();
+        async move { send(&router, "POST", "/docs/a", Some("5")).await }
+    });
+    assert_eq!(entries.recv().await.unwrap(), "None 5");
+    let second = tokio::spawn({
+        let router = router.clone();
+        async move { send(&router, "POST", "/docs/a", Some("6")).await }
+    });
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+    assert!(entries.try_recv().is_err(), "token 6 entered while token 5 was inside");
+    assert_eq!(store.mark("/docs/a"), Some(6), "the mark rises at once");
+    release.notify_one();
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    assert_eq!(entries.recv().await.unwrap(), "None 6");
+    assert_eq!(second.await.unwrap().status, StatusCode::OK);
+
+    // Stale tokens are refused, and a handler that asks for the token is told why it has none.
+    assert_eq!(send(&router, "POST", "/docs/a", Some("5")).await.status, StatusCode::CONFLICT);
+    let strict = send(&router, "POST", "/strict/a", Some("1")).await;
+    assert_eq!(strict.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(body(&strict).contains("token_extension(false)"), "{}", body(&strict));
+}

@@ -80,6 +80,10 @@ struct Args {
     /// dbname=bench`; loopback only. Its tables are created if missing.
     #[arg(long, conflicts_with = "url")]
     shared_postgres: Option<String>,
+    /// In-process only: the fenced stand-in's layer leaves the token out of the
+    /// request extensions (`FencingLayer::token_extension(false)`).
+    #[arg(long, conflicts_with = "url")]
+    no_token_extension: bool,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -456,7 +460,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut targets = Vec::new();
             let mut routers = vec![
                 ("unfenced", fencing_benches::standin::router(false)),
-                ("fenced", fencing_benches::standin::router(true)),
+                (
+                    "fenced",
+                    fencing_benches::standin::router_with(Some(
+                        fencing_layer::FencingLayer::new().token_extension(!args.no_token_extension),
+                    )),
+                ),
             ];
             if let Some(config) = &args.shared_postgres {
                 let layer = runtime.block_on(shared_postgres_layer(config))?;

@@ -166,6 +166,7 @@ impl KeyState {
     /// The fast path: enters without the mutex when `token` is the open token,
     /// that is, the mark, already recorded, and the token of anyone inside.
     /// `None` means "ask [`admit`](Self::admit)", never "refused".
+    #[inline(always)]
     pub(crate) fn try_enter(self: &Arc<Self>, token: u64) -> Option<InsideGuard> {
         if self.open_token.load(Ordering::Acquire) != token {
             return None;

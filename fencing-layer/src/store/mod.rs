@@ -220,6 +220,7 @@ impl MarkStore {
     /// A place inside for `token` if the fast path admits it, else the key's
     /// state for [`KeyState::admit`]. The hit path takes a shard read lock,
     /// allocates nothing, and drops the guard before returning.
+    #[inline(always)]
     pub(crate) fn find(&self, key: &str, token: u64) -> Result<Found, StoreError> {
         if let Some(state) = self.table.keys.get(key) {
             return Ok(match state.try_enter(token) {

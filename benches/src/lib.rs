@@ -275,6 +275,23 @@ pub mod standin {
         router_with(fenced.then(FencingLayer::new))
     }
 
+    /// The unfenced service behind a layer that only burns `ns` nanoseconds of
+    /// CPU per request: a known cost, to see how the loopback figures respond
+    /// to one (`fencing-load --calibrate-ns`).
+    pub fn router_spinning(ns: u64) -> Router {
+        let spin = move |request: http::Request<axum::body::Body>| {
+            let start = std::time::Instant::now();
+            while start.elapsed().as_nanos() < u128::from(ns) {
+                std::hint::spin_loop();
+            }
+            request
+        };
+        Router::new()
+            .route("/logs/{name}", post(append).get(count))
+            .route_layer(tower::util::MapRequestLayer::new(spin))
+            .with_state(Logs::default())
+    }
+
     /// The service, behind `layer` if there is one.
     pub fn router_with(layer: Option<FencingLayer>) -> Router {
         let routes = Router::new().route("/logs/{name}", post(append).get(count));

@@ -13,7 +13,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::grpc::is_grpc;
-use crate::layer::Shared;
+use crate::layer::{Config, Shared};
 use crate::metrics::{InsideCount, Stopwatch};
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
@@ -157,7 +157,7 @@ pin_project! {
 
 /// An admitted request's place inside: the key's guard, and its count in the
 /// metrics (nothing without the `metrics` feature).
-struct Place {
+pub(crate) struct Place {
     _guard: InsideGuard,
     _counted: InsideCount,
 }
@@ -188,6 +188,18 @@ where
         Self::from(Kind::Inside { future, place: None })
     }
 
+    /// The place of a request the fast path admitted.
+    #[inline(always)]
+    pub(crate) fn place(guard: InsideGuard, config: &Config) -> Place {
+        Place { _guard: guard, _counted: config.metrics.admitted() }
+    }
+
+    /// An admitted request's inner future.
+    #[inline(always)]
+    pub(crate) fn inside(future: S::Future, place: Place) -> Self {
+        Self { kind: Kind::Inside { future, place: Some(place) } }
+    }
+
     /// Answers `rejection` to the request with `headers`.
     #[cold]
     pub(crate) fn rejected(shared: &Arc<Shared<E, R>>, rejection: Rejection, headers: &HeaderMap) -> Self {
@@ -206,7 +218,13 @@ where
         guard: InsideGuard,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        Self::from(Kind::enter(inner, request, token, key, guard, shared))
+        let Some(key) = key else {
+            // Built in place: the inner future goes straight into its slot.
+            let place = Place { _guard: guard, _counted: shared.config.metrics.admitted() };
+            let request = with_token(request, token, shared);
+            return Self { kind: Kind::Inside { future: inner.call(request), place: Some(place) } };
+        };
+        Self::from(Kind::watched(inner, with_token(request, token, shared), token, key, guard, shared))
     }
 
     /// Waits as `admission` (a wait or a record) says, then tries again.
@@ -281,22 +299,36 @@ where
     S: Service<Request<B>, Response = Response<ResBody>>,
     R: RejectionResponder<ResBody>,
 {
-    #[inline(always)]
+    /// Calls `inner` with a request that [`Admission::Enter`] let in after it
+    /// waited. `key` is given when the cancel policy is on.
     fn enter(
         inner: &mut S,
-        mut request: Request<B>,
+        request: Request<B>,
         token: FencingToken,
         key: Option<String>,
         guard: InsideGuard,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        if shared.config.token_extension {
-            request.extensions_mut().insert(token);
+        let request = with_token(request, token, shared);
+        match key {
+            None => {
+                let place = Place { _guard: guard, _counted: shared.config.metrics.admitted() };
+                Self::Inside { future: inner.call(request), place: Some(place) }
+            }
+            Some(key) => Self::watched(inner, request, token, key, guard, shared),
         }
-        let Some(key) = key else {
-            let place = Place { _guard: guard, _counted: shared.config.metrics.admitted() };
-            return Self::Inside { future: inner.call(request), place: Some(place) };
-        };
+    }
+
+    /// Calls `inner` with a request admitted under the cancel policy, unless
+    /// its token was overtaken in the meantime.
+    fn watched(
+        inner: &mut S,
+        request: Request<B>,
+        token: FencingToken,
+        key: String,
+        guard: InsideGuard,
+        shared: &Arc<Shared<E, R>>,
+    ) -> Self {
         let grpc = is_grpc(request.headers());
         match guard.state().watch(token.get()) {
             Ok(overtaken) => {
@@ -313,6 +345,15 @@ where
             }
         }
     }
+}
+
+/// `request` with its token in the extensions, if the layer puts it there.
+#[inline(always)]
+fn with_token<B, E, R>(mut request: Request<B>, token: FencingToken, shared: &Shared<E, R>) -> Request<B> {
+    if shared.config.token_extension {
+        request.extensions_mut().insert(token);
+    }
+    request
 }
 
 impl<S, B, E, R> Pending<S, B, E, R> {
@@ -402,10 +443,13 @@ where
         loop {
             match kind.as_mut().project() {
                 KindProj::Inside { future, .. } | KindProj::SharedInside { future, .. } => {
-                    let output = ready!(future.poll(cx));
-                    // Leave the inner service as soon as it is done, not when this future is dropped.
-                    kind.set(Kind::Finished);
-                    return Poll::Ready(output);
+                    // Polled straight into the return slot: the response is not copied around.
+                    let poll = future.poll(cx);
+                    if poll.is_ready() {
+                        // Leave the inner service as soon as it is done, not when this future is dropped.
+                        kind.set(Kind::Finished);
+                    }
+                    return poll;
                 }
                 KindProj::Watched { future, watch } => {
                     let mut watching = watch.as_mut().project();

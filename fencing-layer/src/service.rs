@@ -97,7 +97,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let shared = &self.shared;
         let config = &shared.config;
         if !config.is_fenced(&request) {
@@ -125,8 +125,15 @@ where
         }
         let state = match config.store.find(&key, token.get()) {
             Ok(Found::Entered(guard)) => {
-                let key = admitted(config, key, token);
-                return ResponseFuture::enter(&mut self.inner, request, token, key, guard, shared);
+                let Some(key) = admitted(config, key, token) else {
+                    // The common case, kept in this frame so that the request moves once.
+                    if config.token_extension {
+                        request.extensions_mut().insert(token);
+                    }
+                    let place = ResponseFuture::<S, ReqBody, E, R>::place(guard, config);
+                    return ResponseFuture::inside(self.inner.call(request), place);
+                };
+                return ResponseFuture::enter(&mut self.inner, request, token, Some(key), guard, shared);
             }
             Ok(Found::Slow(state)) => state,
             Err(StoreError::KeyTableFull { limit }) => {

@@ -10,7 +10,8 @@
 //! serve --in-memory` and `demo-resource serve --in-memory --no-fencing`.
 //!
 //! Every connection is an HTTP/1.1 keep-alive connection (hyper) writing
-//! `POST /logs/load-{connection}` with `Fencing-Token: 1000`; `--stale-pct` and
+//! `POST /logs/load-{connection}` (or, with `--hot-key`, all of them `POST
+//! /logs/hot`) with `Fencing-Token: 1000`; `--stale-pct` and
 //! `--malformed-pct` mix in stale (`1`) and malformed (`01x`) tokens. Latency is
 //! from just before the request is sent to the end of the response body.
 //! In-process, it also reports the servers' on-CPU time per request (from
@@ -80,6 +81,19 @@ struct Args {
     /// dbname=bench`; loopback only. Its tables are created if missing.
     #[arg(long, conflicts_with = "url")]
     shared_postgres: Option<String>,
+    /// In-process only: a third target, the unfenced stand-in behind a layer
+    /// that burns this many nanoseconds of CPU per request and does nothing
+    /// else: how much a known cost moves the figures.
+    #[arg(long, conflicts_with = "url", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    calibrate_ns: Option<u64>,
+    /// In-process only: run just this target (`unfenced`, `fenced`, `spin` or `shared`),
+    /// for a profiler.
+    #[arg(long, conflicts_with = "url")]
+    only: Option<String>,
+    /// Every connection writes to one log, `/logs/hot` (one fencing key), instead
+    /// of its own.
+    #[arg(long)]
+    hot_key: bool,
     /// In-process only: the fenced stand-in's layer leaves the token out of the
     /// request extensions (`FencingLayer::token_extension(false)`).
     #[arg(long, conflicts_with = "url")]
@@ -323,7 +337,7 @@ async fn connection(
         return tally;
     };
     let driver = tokio::spawn(conn);
-    let path = format!("/logs/load-{id}");
+    let path = if args.hot_key { "/logs/hot".to_owned() } else { format!("/logs/load-{id}") };
     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15 ^ (u64::from(id) + 1).wrapping_mul(0xD134_2543_DE82_EF95));
     loop {
         let sent = Instant::now();
@@ -467,11 +481,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     )),
                 ),
             ];
+            if let Some(ns) = args.calibrate_ns {
+                routers.push(("spin", fencing_benches::standin::router_spinning(ns)));
+            }
             if let Some(config) = &args.shared_postgres {
                 let layer = runtime.block_on(shared_postgres_layer(config))?;
                 routers.push(("shared", fencing_benches::standin::router_with(Some(layer))));
             }
             for (label, router) in routers {
+                if args.only.as_deref().is_some_and(|only| only != label) {
+                    continue;
+                }
                 let addr = serve_in_process(&runtime, router)?;
                 let authority = HeaderValue::from_str(&addr.to_string())?;
                 targets.push(Target { label: label.to_owned(), replicas: vec![(addr, authority)] });

@@ -263,14 +263,21 @@ impl KeyState {
     /// A request admitted by [`admit`](Self::admit) or
     /// [`try_enter`](Self::try_enter) has left the inner service (or a fast
     /// entrant backs out).
+    #[inline]
     fn leave(&self) {
         let gate = self.gate.fetch_sub(1, Ordering::AcqRel);
         if gate & COUNT == 1 && gate & WAITERS != 0 {
-            let m = self.lock();
-            // Everyone registered is woken; whoever still has to wait sets it again.
-            self.gate.fetch_and(!WAITERS, Ordering::AcqRel);
-            m.wake_waiters();
+            self.wake_drained();
         }
+    }
+
+    /// The last request out wakes whoever waits for the key to drain.
+    #[cold]
+    fn wake_drained(&self) {
+        let m = self.lock();
+        // Everyone registered is woken; whoever still has to wait sets it again.
+        self.gate.fetch_and(!WAITERS, Ordering::AcqRel);
+        m.wake_waiters();
     }
 
     /// A [`RecordDuty`] for `token` is discharged: written if `ok`, else handed back.
@@ -405,6 +412,7 @@ impl InsideGuard {
 }
 
 impl Drop for InsideGuard {
+    #[inline]
     fn drop(&mut self) {
         self.0.leave();
     }

@@ -118,6 +118,12 @@
 //! With the `axum` feature, `FencingToken` is itself an extractor (and
 //! `Option<FencingToken>` for routes that also serve unfenced requests).
 //!
+//! Routes whose handlers never read the token can leave it out:
+//! [`FencingLayer::token_extension`]`(false)` fences the same way and skips the
+//! insert, which is about half of what the layer costs per request (an axum
+//! request already holds three extensions, so a fourth moves the map to a
+//! bigger table; `BENCHMARKS.md`, section 12).
+//!
 //! # Durable marks
 //!
 //! By default marks live in memory and a restart forgets them. With the `redb`

@@ -239,9 +239,31 @@ impl ZkLockClient {
             )));
         }
         let path = self.lock_path(name);
+        // The holder's znode can go (released, or its session expired) between our
+        // create and the look at who holds it; then the lock is free, and worth
+        // trying again (a few times: each retry means another holder left meanwhile).
+        for _ in 0..3 {
+            match self.attempt(&path, name, holder, ttl).await? {
+                Attempt::Granted(grant) => return Ok(grant),
+                Attempt::Held(held) => return Err(held),
+                Attempt::Vanished => {}
+            }
+        }
+        // Held at each attempt and free at each look: held, by nobody known.
+        Err(LockError::Held { holder: String::new(), expires_in: Duration::ZERO, retry_after: None })
+    }
+
+    /// One try at creating the lock's znode in a new session.
+    async fn attempt(
+        &self,
+        path: &str,
+        name: &str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Attempt, LockError> {
         // Held already: no need for a session.
-        if let Some(held) = self.held(&path).await? {
-            return Err(held);
+        if let Some(held) = self.held(path).await? {
+            return Ok(Attempt::Held(held));
         }
         let session = zk::Client::connector()
             .with_session_timeout(ttl)
@@ -251,12 +273,12 @@ impl ZkLockClient {
             .await
             .map_err(zk_error)?;
         let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
-        let mut created = session.create(&path, holder.as_bytes(), &options).await;
+        let mut created = session.create(path, holder.as_bytes(), &options).await;
         if matches!(created, Err(zk::Error::NoNode)) {
             let dir = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
             created = match session.mkdir(&self.prefix, &dir).await {
                 Ok(()) | Err(zk::Error::NodeExists) => {
-                    session.create(&path, holder.as_bytes(), &options).await
+                    session.create(path, holder.as_bytes(), &options).await
                 }
                 Err(e) => Err(e),
             };
@@ -271,14 +293,14 @@ impl ZkLockClient {
                 // Detached: dropping the connection leaves the session to our keepalives.
                 drop(session);
                 tracing::debug!(name, holder, token, "ZooKeeper lock acquired");
-                Ok(Grant {
+                Ok(Attempt::Granted(Grant {
                     lease_id,
                     name: name.to_owned(),
                     holder: holder.to_owned(),
                     token,
                     ttl: granted_ttl,
                     proof: None,
-                })
+                }))
             }
             Err(e) => {
                 // The session holds nothing: close it rather than leave it to time out.
@@ -287,20 +309,25 @@ impl ZkLockClient {
                     Self::close(client).await;
                 }
                 match e {
-                    zk::Error::NodeExists => match self.held(&path).await? {
-                        Some(held) => Err(held),
-                        None => Err(LockError::Held {
-                            holder: String::new(),
-                            expires_in: Duration::ZERO,
-                            retry_after: None,
-                        }),
-                    },
+                    zk::Error::NodeExists => {
+                        Ok(self.held(path).await?.map_or(Attempt::Vanished, Attempt::Held))
+                    }
                     e => Err(zk_error(e)),
                 }
             }
         }
     }
+}
 
+/// How one try at the lock ended.
+enum Attempt {
+    Granted(Grant),
+    Held(LockError),
+    /// Taken at the create, gone at the look: free now.
+    Vanished,
+}
+
+impl ZkLockClient {
     /// `Some(Held)` if the lock znode at `path` exists.
     async fn held(&self, path: &str) -> Result<Option<LockError>, LockError> {
         match self.reader.get_data(path).await {

@@ -162,6 +162,13 @@ pub(crate) struct Place {
     _counted: InsideCount,
 }
 
+impl Place {
+    #[inline(always)]
+    pub(crate) fn new(guard: InsideGuard, config: &Config) -> Self {
+        Self { _guard: guard, _counted: config.metrics.admitted() }
+    }
+}
+
 /// Why a waiting request's wake-up refused it.
 enum Refused {
     Store(StoreError),
@@ -188,12 +195,6 @@ where
         Self::from(Kind::Inside { future, place: None })
     }
 
-    /// The place of a request the fast path admitted.
-    #[inline(always)]
-    pub(crate) fn place(guard: InsideGuard, config: &Config) -> Place {
-        Place { _guard: guard, _counted: config.metrics.admitted() }
-    }
-
     /// An admitted request's inner future.
     #[inline(always)]
     pub(crate) fn inside(future: S::Future, place: Place) -> Self {
@@ -208,8 +209,8 @@ where
     }
 
     /// Calls `inner` with a request that [`Admission::Enter`] let in. `key` is
-    /// given when the cancel policy is on.
-    #[inline(always)]
+    /// given when the cancel policy is on. (The fast path builds its future in
+    /// `Fencing::call`, with [`inside`](Self::inside), so the request moves once.)
     pub(crate) fn enter(
         inner: &mut S,
         request: Request<B>,
@@ -218,13 +219,7 @@ where
         guard: InsideGuard,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        let Some(key) = key else {
-            // Built in place: the inner future goes straight into its slot.
-            let place = Place { _guard: guard, _counted: shared.config.metrics.admitted() };
-            let request = with_token(request, token, shared);
-            return Self { kind: Kind::Inside { future: inner.call(request), place: Some(place) } };
-        };
-        Self::from(Kind::watched(inner, with_token(request, token, shared), token, key, guard, shared))
+        Self::from(Kind::enter(inner, request, token, key, guard, shared))
     }
 
     /// Waits as `admission` (a wait or a record) says, then tries again.
@@ -299,8 +294,8 @@ where
     S: Service<Request<B>, Response = Response<ResBody>>,
     R: RejectionResponder<ResBody>,
 {
-    /// Calls `inner` with a request that [`Admission::Enter`] let in after it
-    /// waited. `key` is given when the cancel policy is on.
+    /// Calls `inner` with a request that [`Admission::Enter`] let in. `key` is
+    /// given when the cancel policy is on.
     fn enter(
         inner: &mut S,
         request: Request<B>,
@@ -312,8 +307,7 @@ where
         let request = with_token(request, token, shared);
         match key {
             None => {
-                let place = Place { _guard: guard, _counted: shared.config.metrics.admitted() };
-                Self::Inside { future: inner.call(request), place: Some(place) }
+                Self::Inside { future: inner.call(request), place: Some(Place::new(guard, &shared.config)) }
             }
             Some(key) => Self::watched(inner, request, token, key, guard, shared),
         }

@@ -10,7 +10,7 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::future::ResponseFuture;
+use crate::future::{Place, ResponseFuture};
 use crate::key::{KeyExtractor, PathKey};
 use crate::layer::{Config, FencingLayer, Shared};
 use crate::rejection::Rejection;
@@ -130,8 +130,7 @@ where
                     if config.token_extension {
                         request.extensions_mut().insert(token);
                     }
-                    let place = ResponseFuture::<S, ReqBody, E, R>::place(guard, config);
-                    return ResponseFuture::inside(self.inner.call(request), place);
+                    return ResponseFuture::inside(self.inner.call(request), Place::new(guard, config));
                 };
                 return ResponseFuture::enter(&mut self.inner, request, token, Some(key), guard, shared);
             }

@@ -11,6 +11,7 @@
 //! - `bare`, `noop_layer`: the floor (keys do not apply; `noop_layer/N` repeats the
 //!   no-op row next to the rows at N keys, so each ratio compares neighbours);
 //! - `fenced_hot/N`: a seeded key, its current token (the common case);
+//! - `fenced_lean_hot/N`: the same through a layer with `token_extension(false)`;
 //! - `fenced_raise/N`: a token one higher than the last, every request;
 //! - `fenced_stale/N`: a token below the mark (409, problem+json body);
 //! - `fenced_missing/N`: no token (428);
@@ -25,7 +26,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencing_benches::{fenced, governor, handwritten, noop, request, routes, seeded_store};
+use fencing_benches::{fenced, fenced_lean, governor, handwritten, noop, request, routes, seeded_store};
 use http::{Method, Request};
 use tokio::runtime::Runtime;
 use tower::{Service, ServiceExt};
@@ -69,12 +70,15 @@ fn overhead(c: &mut Criterion) {
         // table holds `keys` keys (plus the two special ones) as the row says.
         let others = keys - 1;
         let store = seeded_store(others, 8, &[(HOT, 7), (RAISE, 1), (STALE, 100)]);
-        let router = fenced(store);
+        let router = fenced(store.clone());
+        let lean = fenced_lean(store);
         let id = |name: &str| BenchmarkId::new(name, keys);
         // The no-op layer again, right before the rows it is the floor for, so that a
         // ratio compares runs minutes apart as little as possible on a busy machine.
         bench_requests(&mut group, &runtime, id("noop_layer"), &noop(), hot);
         bench_requests(&mut group, &runtime, id("fenced_hot"), &router, hot);
+        bench_requests(&mut group, &runtime, id("fenced_lean_hot"), &lean, hot);
+        drop(lean);
         let next = Cell::new(1u64);
         bench_requests(&mut group, &runtime, id("fenced_raise"), &router, || {
             next.set(next.get() + 1);

@@ -25,7 +25,7 @@ pub const DEFAULT_REDIS_PREFIX: &str = "fencing:";
 const DIRECT_CALL_BOUND: Duration = Duration::from_secs(30);
 const CONNECT_BOUND: Duration = Duration::from_secs(5);
 
-/// KEYS[1] lock, KEYS[2] counter; ARGV[1] lease id, ARGV[2] ttl ms, ARGV[3] holder.
+/// `KEYS[1]` lock, `KEYS[2]` counter; `ARGV[1]` lease id, `ARGV[2]` ttl ms, `ARGV[3]` holder.
 /// Granted: `{1, token, ttl ms, ""}`; held: `{0, "0", pttl, current value}`. The token
 /// travels as the counter's string (GET after INCR): Lua numbers are doubles.
 const ACQUIRE: &str = r"
@@ -39,7 +39,7 @@ redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. token .. ' ' .. ARGV[3], 'NX', 'PX'
 return {1, token, tonumber(ARGV[2]), ''}
 ";
 
-/// KEYS[1] lock; ARGV[1] our value, ARGV[2] ttl ms. 1 if renewed.
+/// `KEYS[1]` lock; `ARGV[1]` our value, `ARGV[2]` ttl ms. 1 if renewed.
 const KEEPALIVE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
@@ -47,7 +47,7 @@ end
 return 0
 ";
 
-/// KEYS[1] lock; ARGV[1] our value. 1 if deleted.
+/// `KEYS[1]` lock; `ARGV[1]` our value. 1 if deleted.
 const RELEASE: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -55,7 +55,7 @@ end
 return 0
 ";
 
-/// KEYS[1] lock. `{value, pttl}`, or `{"", -2}` when free.
+/// `KEYS[1]` lock. `{value, pttl}`, or `{"", -2}` when free.
 const STATUS: &str = r"
 local value = redis.call('GET', KEYS[1])
 if not value then

@@ -117,7 +117,7 @@
 //! earlier holder's commits.
 //!
 //! A higher token waits for the lower-token transaction holding the row, as
-//! the layer's drain does. [`pool`] bounds that wait with `lock_timeout`
+//! the layer's drain does. [`pool()`] bounds that wait with `lock_timeout`
 //! (running out is `Retry`, 503), bounds waiting for a connection, and has the
 //! server end a session idle in a transaction, so a paused replica frees the
 //! key. A connection that drops mid-transaction is rolled back by the server,

@@ -1,7 +1,7 @@
 //! The admission rule, for one key, in one place.
 //!
 //! Every decision that can change what a key admits happens in
-//! [`KeyState::admit`], under the key's mutex, and nothing awaits while that
+//! [`KeyState::admit_raising`], under the key's mutex, and nothing awaits while that
 //! mutex is held. The state it guards:
 //!
 //! - `mark`: the highest token seen. It rises the moment a higher token
@@ -165,7 +165,7 @@ impl KeyState {
 
     /// The fast path: enters without the mutex when `token` is the open token,
     /// that is, the mark, already recorded, and the token of anyone inside.
-    /// `None` means "ask [`admit`](Self::admit)", never "refused".
+    /// `None` means "ask [`admit_raising`](Self::admit_raising)", never "refused".
     #[inline(always)]
     pub(crate) fn try_enter(self: &Arc<Self>, token: u64) -> Option<InsideGuard> {
         if self.open_token.load(Ordering::Acquire) != token {
@@ -260,7 +260,7 @@ impl KeyState {
         Admission::Enter(InsideGuard(Arc::clone(self)))
     }
 
-    /// A request admitted by [`admit`](Self::admit) or
+    /// A request admitted by [`admit_raising`](Self::admit_raising) or
     /// [`try_enter`](Self::try_enter) has left the inner service (or a fast
     /// entrant backs out).
     #[inline]
@@ -367,7 +367,7 @@ impl KeyState {
 }
 
 /// The duty to make one raise durable, given to exactly one request by
-/// [`KeyState::admit`]; every other request with that token waits for it.
+/// [`KeyState::admit_raising`]; every other request with that token waits for it.
 ///
 /// Dropping it reports the outcome: a success only after
 /// [`succeeded`](Self::succeeded), anything else — an error, a panic, a
@@ -399,7 +399,7 @@ impl Drop for RecordDuty {
     }
 }
 
-/// A place inside the inner service, made only by [`KeyState::admit`]; leaving
+/// A place inside the inner service, made only by [`KeyState::admit_raising`]; leaving
 /// is tied to drop, so a cancelled or panicking inner future still lets the
 /// next holder in.
 #[derive(Debug)]

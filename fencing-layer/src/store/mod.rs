@@ -218,7 +218,7 @@ impl MarkStore {
     }
 
     /// A place inside for `token` if the fast path admits it, else the key's
-    /// state for [`KeyState::admit`]. The hit path takes a shard read lock,
+    /// state for [`KeyState::admit_raising`]. The hit path takes a shard read lock,
     /// allocates nothing, and drops the guard before returning.
     #[inline(always)]
     pub(crate) fn find(&self, key: &str, token: u64) -> Result<Found, StoreError> {
@@ -281,7 +281,7 @@ impl MarkStore {
 pub(crate) enum Found {
     /// Admitted on the fast path.
     Entered(InsideGuard),
-    /// Ask [`KeyState::admit`].
+    /// Ask [`KeyState::admit_raising`].
     Slow(Arc<KeyState>),
 }
 

@@ -286,19 +286,20 @@ pub mod standin {
             }
             request
         };
-        Router::new()
-            .route("/logs/{name}", post(append).get(count))
-            .route_layer(tower::util::MapRequestLayer::new(spin))
-            .with_state(Logs::default())
+        logs().route_layer(tower::util::MapRequestLayer::new(spin)).with_state(Logs::default())
     }
 
     /// The service, behind `layer` if there is one.
     pub fn router_with(layer: Option<FencingLayer>) -> Router {
-        let routes = Router::new().route("/logs/{name}", post(append).get(count));
         let routes = match layer {
-            Some(layer) => routes.route_layer(layer),
-            None => routes,
+            Some(layer) => logs().route_layer(layer),
+            None => logs(),
         };
         routes.with_state(Logs::default())
+    }
+
+    /// The log routes, before their state.
+    fn logs() -> Router<Logs> {
+        Router::new().route("/logs/{name}", post(append).get(count))
     }
 }

@@ -298,13 +298,13 @@ where
     /// given when the cancel policy is on.
     fn enter(
         inner: &mut S,
-        request: Request<B>,
+        mut request: Request<B>,
         token: FencingToken,
         key: Option<String>,
         guard: InsideGuard,
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
-        let request = with_token(request, token, shared);
+        shared.config.hand_over(&mut request, token);
         match key {
             None => {
                 Self::Inside { future: inner.call(request), place: Some(Place::new(guard, &shared.config)) }
@@ -339,15 +339,6 @@ where
             }
         }
     }
-}
-
-/// `request` with its token in the extensions, if the layer puts it there.
-#[inline(always)]
-fn with_token<B, E, R>(mut request: Request<B>, token: FencingToken, shared: &Shared<E, R>) -> Request<B> {
-    if shared.config.token_extension {
-        request.extensions_mut().insert(token);
-    }
-    request
 }
 
 impl<S, B, E, R> Pending<S, B, E, R> {
@@ -612,9 +603,7 @@ where
                             let Some(pending) = waiting.pending.take() else { unreachable!("checked above") };
                             let Pending { mut inner, mut request, token, key, shared, .. } = pending;
                             tracing::debug!(key = ?key, token = token.get(), "fenced request admitted by the shared store");
-                            if shared.config.token_extension {
-                                request.extensions_mut().insert(token);
-                            }
+                            shared.config.hand_over(&mut request, token);
                             let counted = shared.config.metrics.admitted();
                             kind.set(Kind::SharedInside { future: inner.call(request), permit, counted });
                             continue;

@@ -17,6 +17,7 @@ use crate::service::Fencing;
 use crate::store::admission::Rules;
 use crate::store::admission::WaitFor;
 use crate::store::{MarkStore, SharedStore};
+use crate::token::FencingToken;
 use crate::verify::{DEFAULT_VERIFY_TIMEOUT, TokenVerifier};
 
 /// The header that carries the token unless configured otherwise: `Fencing-Token`.
@@ -164,6 +165,14 @@ impl Config {
     /// How long a shared store may take to decide: its drain, then a write's worth.
     pub(crate) fn shared_store_bound(&self) -> Duration {
         self.drain_timeout.saturating_add(self.store.write_timeout())
+    }
+
+    /// Gives an admitted request its token, in the extensions, unless told not to.
+    #[inline(always)]
+    pub(crate) fn hand_over<B>(&self, request: &mut Request<B>, token: FencingToken) {
+        if self.token_extension {
+            request.extensions_mut().insert(token);
+        }
     }
 
     /// Whether admitted requests watch for a higher token (the cancel policy).

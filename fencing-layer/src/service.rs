@@ -127,9 +127,7 @@ where
             Ok(Found::Entered(guard)) => {
                 let Some(key) = admitted(config, key, token) else {
                     // The common case, kept in this frame so that the request moves once.
-                    if config.token_extension {
-                        request.extensions_mut().insert(token);
-                    }
+                    config.hand_over(&mut request, token);
                     return ResponseFuture::inside(self.inner.call(request), Place::new(guard, config));
                 };
                 return ResponseFuture::enter(&mut self.inner, request, token, Some(key), guard, shared);

@@ -146,6 +146,11 @@ pub enum Storage {
         /// `--local-marks`: the layer's per-process marks only, not enough
         /// with several replicas.
         fence_in_transaction: bool,
+        /// The layer decides through the marks every replica shares
+        /// (`fencing_postgres::PgSharedStore`: replica claims, admitted in
+        /// memory) instead of its own (`--shared-marks`); the writes are then
+        /// not fenced in their transactions (a key is fenced one way).
+        shared_marks: bool,
     },
 }
 
@@ -175,7 +180,7 @@ impl Config {
     /// Fenced by the layer and in each write's transaction, data in PostgreSQL at `url`.
     pub fn postgres(url: impl Into<String>) -> Self {
         Self {
-            storage: Storage::Postgres { url: url.into(), fence_in_transaction: true },
+            storage: Storage::Postgres { url: url.into(), fence_in_transaction: true, shared_marks: false },
             fencing: true,
             verify_key: None,
         }
@@ -255,6 +260,8 @@ impl std::error::Error for OpenError {}
 pub struct Resource {
     app: App,
     marks: Option<MarkStore>,
+    /// With `--shared-marks`: the layer decides through the replicas' shared marks.
+    shared: Option<fencing_postgres::PgSharedStore>,
     verifier: Option<Verifier>,
     metrics: Option<PrometheusHandle>,
 }
@@ -356,16 +363,24 @@ impl Resource {
     /// As [`open`](Self::open); for PostgreSQL, a bad URL, a database that
     /// cannot be reached within 5 s, or a failed migration.
     pub async fn connect(config: Config) -> Result<Self, OpenError> {
-        let Storage::Postgres { url, fence_in_transaction } = &config.storage else {
+        let Storage::Postgres { url, fence_in_transaction, shared_marks } = &config.storage else {
             let opened = tokio::task::spawn_blocking(move || Self::open(config)).await;
             return opened.map_err(|e| OpenError(e.to_string()))?;
         };
         let verifier = config.verifier()?;
-        let fence_in_transaction = config.fencing && *fence_in_transaction;
+        let shared_marks = config.fencing && *shared_marks;
+        let fence_in_transaction = config.fencing && *fence_in_transaction && !shared_marks;
         let data = PgData::connect(url, fence_in_transaction)
             .await
             .map_err(|e| OpenError(format!("postgres: {e}")))?;
-        Ok(Self::new(Backend::Postgres(data), config.fencing.then(MarkStore::in_memory), verifier))
+        let shared = match shared_marks {
+            true => Some(data.shared_store(url).map_err(|e| OpenError(format!("postgres: {e}")))?),
+            false => None,
+        };
+        let mut resource =
+            Self::new(Backend::Postgres(data), config.fencing.then(MarkStore::in_memory), verifier);
+        resource.shared = shared;
+        Ok(resource)
     }
 
     fn new(data: Backend, marks: Option<MarkStore>, verifier: Option<Verifier>) -> Self {
@@ -374,7 +389,7 @@ impl Resource {
             in_flight: Arc::new(watch::Sender::new(BTreeMap::new())),
             delays: Arc::new(watch::Sender::new(0)),
         };
-        Self { app, marks, verifier, metrics: None }
+        Self { app, marks, shared: None, verifier, metrics: None }
     }
 
     /// Asks `verifier` before any token raises a mark (403 when it refuses,
@@ -406,6 +421,10 @@ impl Resource {
             // so unknown routes are 404 without touching the key table.
             Some(marks) => {
                 let layer = FencingLayer::new().store(marks.clone()).metrics_label("demo-resource");
+                let layer = match &self.shared {
+                    Some(shared) => layer.shared_store(shared.clone()),
+                    None => layer,
+                };
                 let layer = match &self.verifier {
                     Some(verifier) => layer.verifier(Arc::clone(&verifier.0)),
                     None => layer,

@@ -4,7 +4,7 @@
 //!   prints `listening on ADDR` on stdout once it accepts connections (handy with
 //!   port 0), logs to stderr (`RUST_LOG`, default `info`) and stops gracefully on
 //!   Ctrl-C or SIGTERM.
-//! * `demo-resource serve --postgres URL [--local-marks | --no-fencing]` keeps the
+//! * `demo-resource serve --postgres URL [--shared-marks | --local-marks | --no-fencing]` keeps the
 //!   data in PostgreSQL (`postgres://user@host:port/db` or `host=… dbname=…`);
 //!   several `serve` processes given the same URL are replicas of one resource.
 //!   Each write is fenced in its own transaction, with marks in the database
@@ -158,6 +158,11 @@ struct Serve {
     // argument conflicts with one given (`--in-memory --local-marks` would run).
     #[arg(long, requires = "postgres", conflicts_with_all = ["no_fencing", "in_memory", "data_dir"])]
     local_marks: bool,
+    /// With --postgres: the layer decides through marks every replica shares (replica
+    /// claims in the database, admitted in memory), for any effect; the writes are then
+    /// not fenced in their transactions. See docs/replicas.md.
+    #[arg(long, requires = "postgres", conflicts_with_all = ["local_marks", "no_fencing", "in_memory", "data_dir"])]
+    shared_marks: bool,
     /// The lock service's public key (one line of URL-safe base64): a token may raise a
     /// mark only with a valid `Fencing-Proof` for its path's lock, else 403.
     #[arg(long, value_name = "FILE", conflicts_with = "no_fencing")]
@@ -217,7 +222,11 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
     };
     let config = match args.postgres {
         Some(url) => Config {
-            storage: Storage::Postgres { url, fence_in_transaction: !args.local_marks },
+            storage: Storage::Postgres {
+                url,
+                fence_in_transaction: !args.local_marks,
+                shared_marks: args.shared_marks,
+            },
             fencing: true,
             verify_key: None,
         },
@@ -233,6 +242,7 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
     let storage = match &config.storage {
         Storage::Dir(dir) => format!("{}", dir.display()),
         Storage::InMemory => "in memory".to_owned(),
+        Storage::Postgres { shared_marks: true, .. } => "postgres, shared marks (replica claims)".to_owned(),
         Storage::Postgres { fence_in_transaction: true, .. } => {
             "postgres, fenced in each transaction".to_owned()
         }

@@ -100,6 +100,12 @@ impl PgData {
         Ok(Self { pool, fence: fence_in_transaction.then_some(fence) })
     }
 
+    /// The layer's marks shared by every replica on this database (`--shared-marks`).
+    pub(crate) fn shared_store(&self, url: &str) -> Result<fencing_postgres::PgSharedStore, String> {
+        let config: tokio_postgres::Config = url.parse().map_err(|e| format!("bad URL: {e}"))?;
+        Ok(fencing_postgres::PgSharedStore::new(self.pool.clone(), config, PgFence::new()))
+    }
+
     /// Runs `statement` in a transaction of its own: begin, fence `resource`
     /// with `token` (when fencing here and the request has one), `wait`, the
     /// statement, commit. An error (or a dropped future) rolls everything back.

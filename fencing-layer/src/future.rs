@@ -65,12 +65,18 @@ pin_project! {
         SharedAdmitting {
             waiting: Pin<Box<SharedWaiting<S, B, E, R>>>,
         },
-        // Admitted by a shared store: the inner future, and the permit that holds its place.
+        // Admitted by a shared store: the inner future, and the permit that holds
+        // its place. Field order matters: the inner future is dropped before the
+        // permit lets the next holder in.
         SharedInside {
             #[pin]
             future: S::Future,
             permit: SharedPermit,
             counted: InsideCount,
+            key: Option<String>,
+            token: FencingToken,
+            grpc: bool,
+            shared: Arc<Shared<E, R>>,
         },
         // Answered in `call`; the response is built when first polled.
         Rejected {
@@ -280,6 +286,50 @@ where
     }
 }
 
+impl<S, B, E, R, ResBody> ResponseFuture<S, B, E, R>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    R: RejectionResponder<ResBody>,
+{
+    /// A request a shared store admitted in memory (`try_admit`).
+    #[inline]
+    pub(crate) fn shared_inside(
+        future: S::Future,
+        permit: SharedPermit,
+        key: Option<String>,
+        token: FencingToken,
+        grpc: bool,
+        shared: &Arc<Shared<E, R>>,
+    ) -> Self {
+        Self::from(Kind::shared_inside(future, permit, key, token, grpc, shared))
+    }
+
+    /// A request a shared store refused in memory (`try_admit`).
+    #[cold]
+    pub(crate) fn shared_refused(
+        shared: &Arc<Shared<E, R>>,
+        refusal: SharedRefusal,
+        key: String,
+        token: FencingToken,
+        headers: &HeaderMap,
+    ) -> Self {
+        let config = &shared.config;
+        let (presented, retry_after) = (token.get(), config.retry_after);
+        let rejection = match refusal {
+            SharedRefusal::Stale { highest } => Rejection::Stale { key, presented, highest },
+            SharedRefusal::DrainTimeout => Rejection::DrainTimeout { key, presented, retry_after },
+            SharedRefusal::KeyTooLong { limit } => Rejection::KeyTooLong { limit },
+            SharedRefusal::InvalidKey(why) => {
+                Rejection::MissingKey { why: format!("the shared store cannot hold this key: {why}").into() }
+            }
+            SharedRefusal::Unavailable(error) => {
+                Rejection::StoreUnavailable { key, presented, error, retry_after }
+            }
+        };
+        Self::rejected(shared, rejection, headers)
+    }
+}
+
 impl<S, B, E, R> From<Kind<S, B, E, R>> for ResponseFuture<S, B, E, R>
 where
     S: Service<Request<B>>,
@@ -311,6 +361,18 @@ where
             }
             Some(key) => Self::watched(inner, request, token, key, guard, shared),
         }
+    }
+
+    fn shared_inside(
+        future: S::Future,
+        permit: SharedPermit,
+        key: Option<String>,
+        token: FencingToken,
+        grpc: bool,
+        shared: &Arc<Shared<E, R>>,
+    ) -> Self {
+        let counted = shared.config.metrics.admitted();
+        Self::SharedInside { future, permit, counted, key, token, grpc, shared: Arc::clone(shared) }
     }
 
     /// Calls `inner` with a request admitted under the cancel policy, unless
@@ -427,11 +489,30 @@ where
         let mut kind = self.project().kind;
         loop {
             match kind.as_mut().project() {
-                KindProj::Inside { future, .. } | KindProj::SharedInside { future, .. } => {
+                KindProj::Inside { future, .. } => {
                     // Polled straight into the return slot: the response is not copied around.
                     let poll = future.poll(cx);
                     if poll.is_ready() {
                         // Leave the inner service as soon as it is done, not when this future is dropped.
+                        kind.set(Kind::Finished);
+                    }
+                    return poll;
+                }
+                KindProj::SharedInside { future, permit, key, token, grpc, shared, .. } => {
+                    if permit.poll_revoked(cx).is_ready() {
+                        let key = key.take().or_else(|| permit.key().map(str::to_owned));
+                        let rejection = Rejection::ClaimLost {
+                            key: key.unwrap_or_default(),
+                            presented: token.get(),
+                            retry_after: shared.config.retry_after,
+                        };
+                        let response = shared.answer(rejection, *grpc);
+                        // Drops the inner future, then the permit.
+                        kind.set(Kind::Finished);
+                        return Poll::Ready(Ok(response));
+                    }
+                    let poll = future.poll(cx);
+                    if poll.is_ready() {
                         kind.set(Kind::Finished);
                     }
                     return poll;
@@ -603,13 +684,19 @@ where
                             let Some(pending) = waiting.pending.take() else { unreachable!("checked above") };
                             let Pending { mut inner, mut request, token, key, shared, .. } = pending;
                             tracing::debug!(key = ?key, token = token.get(), "fenced request admitted by the shared store");
+                            shared.config.metrics.shared_admission(permit.raised(), permit.drained());
                             shared.config.hand_over(&mut request, token);
-                            let counted = shared.config.metrics.admitted();
-                            kind.set(Kind::SharedInside { future: inner.call(request), permit, counted });
+                            let grpc = is_grpc(request.headers());
+                            let future = inner.call(request);
+                            kind.set(Kind::shared_inside(future, permit, Some(key), token, grpc, &shared));
                             continue;
                         }
+                        Poll::Ready(Err(SharedRefusal::DrainTimeout)) => {
+                            let bound = pending.shared.config.drain_timeout;
+                            pending.shared.config.metrics.shared_drain_timed_out(bound);
+                            pending.drain_timeout()
+                        }
                         Poll::Ready(Err(SharedRefusal::Stale { highest })) => pending.stale(highest),
-                        Poll::Ready(Err(SharedRefusal::DrainTimeout)) => pending.drain_timeout(),
                         Poll::Ready(Err(SharedRefusal::KeyTooLong { limit })) => {
                             Rejection::KeyTooLong { limit }
                         }

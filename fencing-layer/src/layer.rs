@@ -309,8 +309,12 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// resource, instead of in this process's [`MarkStore`]: see [`SharedStore`].
     /// The drain bound is passed to the store; the whole decision is also
     /// bounded by the drain bound plus [`MarkStoreBuilder::write_timeout`]
-    /// (then 503). With a shared store a raise always drains: the cancel
-    /// policy needs to see every raise at once, which only local marks give.
+    /// (then 503). A store may decide in memory first
+    /// ([`SharedStore::try_admit`]: [`ClaimStore`](crate::claims::ClaimStore)
+    /// admits its replica's current token there), and may revoke a request it
+    /// admitted: its inner future is dropped and it gets 503 `claim-lost`.
+    /// With a shared store a raise always drains: the cancel policy needs to
+    /// see every raise at once, which only local marks give.
     ///
     /// [`MarkStoreBuilder::write_timeout`]: crate::MarkStoreBuilder::write_timeout
     pub fn shared_store(self, store: impl SharedStore) -> Self {

@@ -149,9 +149,13 @@
 //! Marks in a [`MarkStore`] belong to one process. When several replicas serve
 //! one resource, a stale holder's request can reach a replica that never saw
 //! the newer token. [`FencingLayer::shared_store`] takes a [`SharedStore`]
-//! that every replica checks instead (`fencing-postgres` has one on
-//! PostgreSQL); for effects inside a database, check the token in the write's
-//! own transaction as well (`fencing_postgres::PgFence::fence`).
+//! that every replica checks instead. [`claims::ClaimStore`] is one, over any
+//! backend with expiring records and notifications: each replica holds a
+//! *claim* on a key's current token, renewed in the background, admits that
+//! token's requests in memory, and stops them itself before the claim can
+//! lapse (`fencing-postgres`'s `PgSharedStore` is a claim store on
+//! PostgreSQL). For effects inside a database, check the token in the write's
+//! own transaction instead (`fencing_postgres::PgFence::fence`).
 //!
 //! # Metrics
 //!
@@ -160,7 +164,7 @@
 //!
 //! | name | type | labels | meaning |
 //! |---|---|---|---|
-//! | `fencing_requests_total` | counter | `outcome` | fenced requests: `admitted`, `stale` (409, cancelled ones included), `missing` (428), `invalid` (400), `unverified` (403), `verifier-unavailable`, `key-table-full`, `drain-timeout`, `store-unavailable` (503), `unfenced` (let through without a token) |
+//! | `fencing_requests_total` | counter | `outcome` | fenced requests: `admitted`, `stale` (409, cancelled ones included), `missing` (428), `invalid` (400), `unverified` (403), `verifier-unavailable`, `key-table-full`, `drain-timeout`, `store-unavailable`, `claim-lost` (503), `unfenced` (let through without a token) |
 //! | `fencing_raises_total` | counter | | times a token raised a key's mark |
 //! | `fencing_drain_wait_seconds` | histogram | | how long a request waited for lower tokens to leave (requests that waited) |
 //! | `fencing_durable_record_seconds` | histogram | | how long the durable store took to record a raise |
@@ -170,8 +174,9 @@
 //! No label names a resource key. `FencingLayer::metrics_label("orders")` adds
 //! `layer="orders"` to every series of that layer. The handles are made on the
 //! layer's first request, with the recorder installed then; requests do not
-//! build labels. With a shared store, raises and drains happen in the store and
-//! are not counted here. A `stale` refusal means a lock was violated somewhere:
+//! build labels. With a shared store, the raises and drain waits that the store
+//! reports with its admission are counted too, and a request stopped because
+//! its replica lost its claim counts as `claim-lost`. A `stale` refusal means a lock was violated somewhere:
 //! alert on it (`docs/metrics.md` in the repository has the rule).
 //!
 //! # Cargo features
@@ -190,6 +195,7 @@
 #[cfg(feature = "axum")]
 mod axum;
 mod body;
+pub mod claims;
 mod future;
 mod grpc;
 mod key;

@@ -38,7 +38,7 @@ mod enabled {
     use crate::store::MarkStore;
 
     /// Every outcome label, in the order of [`Handles::outcomes`].
-    const OUTCOMES: [&str; 10] = [
+    const OUTCOMES: [&str; 11] = [
         "admitted",
         "stale",
         "missing",
@@ -48,11 +48,12 @@ mod enabled {
         "key-table-full",
         "drain-timeout",
         "store-unavailable",
+        "claim-lost",
         // Kept last: `outcome_index` never returns it for a rejection.
         "unfenced",
     ];
     const ADMITTED: usize = 0;
-    const UNFENCED: usize = 9;
+    const UNFENCED: usize = 10;
 
     /// The outcome label of a refusal; every variant has one.
     fn outcome_index(rejection: &Rejection) -> usize {
@@ -65,6 +66,7 @@ mod enabled {
             Rejection::KeyTableFull { .. } => 6,
             Rejection::DrainTimeout { .. } => 7,
             Rejection::StoreUnavailable { .. } => 8,
+            Rejection::ClaimLost { .. } => 9,
         }
     }
 
@@ -176,6 +178,22 @@ mod enabled {
             }
         }
 
+        /// A shared store admitted a request after a raise, or after waiting for lower tokens.
+        pub(crate) fn shared_admission(&self, raised: bool, drained: Option<Duration>) {
+            let handles = self.handles();
+            if raised {
+                handles.raises.increment(1);
+            }
+            if let Some(drained) = drained {
+                handles.drain_wait.record(drained);
+            }
+        }
+
+        /// A shared store's raise waited the whole drain bound for lower tokens, in vain.
+        pub(crate) fn shared_drain_timed_out(&self, waited: Duration) {
+            self.handles().drain_wait.record(waited);
+        }
+
         /// A durable write that `stopwatch` timed ended.
         pub(crate) fn recorded(&self, stopwatch: &mut Stopwatch) {
             if let Some(elapsed) = stopwatch.stop() {
@@ -241,6 +259,10 @@ mod disabled {
         pub(crate) fn drain_waited(&self, _: &mut Stopwatch) {}
         #[inline(always)]
         pub(crate) fn recorded(&self, _: &mut Stopwatch) {}
+        #[inline(always)]
+        pub(crate) fn shared_admission(&self, _: bool, _: Option<std::time::Duration>) {}
+        #[inline(always)]
+        pub(crate) fn shared_drain_timed_out(&self, _: std::time::Duration) {}
     }
 
     /// Nothing: the `metrics` feature is off.

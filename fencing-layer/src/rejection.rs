@@ -90,6 +90,18 @@ pub enum Rejection {
         /// The table's capacity.
         limit: usize,
     },
+    /// The request was inside the inner service under this replica's claim on
+    /// its token, and the claim could not be renewed in time (the database was
+    /// unreachable, or a higher token's raise found it expired): its work was
+    /// dropped before the claim could lapse (503). Retry after `retry_after`.
+    ClaimLost {
+        /// The resource key.
+        key: String,
+        /// The token the request carried.
+        presented: u64,
+        /// How long the client should wait before retrying.
+        retry_after: Duration,
+    },
     /// The durable store could not record a raise (503), or did not confirm it
     /// within the write bound, whichever request was writing it; nothing was admitted.
     StoreUnavailable {
@@ -116,6 +128,7 @@ impl Rejection {
             Self::Stale { .. } | Self::Cancelled { .. } => StatusCode::CONFLICT,
             Self::Unverified { .. } => StatusCode::FORBIDDEN,
             Self::DrainTimeout { .. }
+            | Self::ClaimLost { .. }
             | Self::KeyTableFull { .. }
             | Self::StoreUnavailable { .. }
             | Self::VerifierUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -136,6 +149,7 @@ impl Rejection {
             Self::Unverified { .. } => "unverified-token",
             Self::VerifierUnavailable { .. } => "verifier-unavailable",
             Self::DrainTimeout { .. } => "drain-timeout",
+            Self::ClaimLost { .. } => "claim-lost",
             Self::KeyTableFull { .. } => "key-table-full",
             Self::StoreUnavailable { .. } => "store-unavailable",
         }
@@ -148,6 +162,7 @@ impl Rejection {
             Self::Stale { key, .. }
             | Self::Cancelled { key, .. }
             | Self::DrainTimeout { key, .. }
+            | Self::ClaimLost { key, .. }
             | Self::StoreUnavailable { key, .. }
             | Self::Unverified { key, .. }
             | Self::VerifierUnavailable { key, .. } => Some(key),
@@ -162,6 +177,7 @@ impl Rejection {
             Self::Stale { presented, .. }
             | Self::Cancelled { presented, .. }
             | Self::DrainTimeout { presented, .. }
+            | Self::ClaimLost { presented, .. }
             | Self::StoreUnavailable { presented, .. }
             | Self::Unverified { presented, .. }
             | Self::VerifierUnavailable { presented, .. } => Some(*presented),
@@ -183,6 +199,7 @@ impl Rejection {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::DrainTimeout { retry_after, .. }
+            | Self::ClaimLost { retry_after, .. }
             | Self::StoreUnavailable { retry_after, .. }
             | Self::VerifierUnavailable { retry_after, .. } => Some(*retry_after),
             _ => None,
@@ -208,6 +225,11 @@ impl fmt::Display for Rejection {
                 f,
                 "token {presented} for {key} was not admitted in time: \
                  requests with lower tokens, or the write of the raise, were still in progress"
+            ),
+            Self::ClaimLost { key, presented, .. } => write!(
+                f,
+                "the request with fencing token {presented} for {key} was stopped: \
+                 this replica could not renew its claim on the token in time"
             ),
             Self::Unverified { key, presented, reason } => {
                 write!(f, "fencing token {presented} may not raise the mark of {key}: {reason}")

@@ -142,6 +142,7 @@ fn title(rejection: &Rejection) -> &'static str {
         Rejection::Stale { .. } => "Stale fencing token",
         Rejection::Cancelled { .. } => "Cancelled by a newer fencing token",
         Rejection::DrainTimeout { .. } => "Older requests still in flight",
+        Rejection::ClaimLost { .. } => "Replica claim lost",
         Rejection::KeyTableFull { .. } => "Fencing key table full",
         Rejection::StoreUnavailable { .. } => "Fencing store unavailable",
         Rejection::Unverified { .. } => "Unverified fencing token",

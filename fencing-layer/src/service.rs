@@ -118,10 +118,25 @@ where
             let why = shared.extractor.missing(&request);
             return ResponseFuture::rejected(shared, Rejection::MissingKey { why }, request.headers());
         };
-        if config.shared_store.is_some() {
-            let key = key.into_owned();
-            let inner = take_readied(&mut self.inner);
-            return ResponseFuture::shared(inner, request, token, key, shared);
+        if let Some(store) = &config.shared_store {
+            return match store.0.try_admit(&key, token.get()) {
+                // Decided in memory: under this replica's claim, or below a mark it knows.
+                Some(Ok(permit)) => {
+                    config.hand_over(&mut request, token);
+                    let grpc = crate::grpc::is_grpc(request.headers());
+                    // No key kept: a claim's permit knows its key, for the rare 503.
+                    ResponseFuture::shared_inside(self.inner.call(request), permit, None, token, grpc, shared)
+                }
+                Some(Err(refusal)) => {
+                    let key = key.into_owned();
+                    ResponseFuture::shared_refused(shared, refusal, key, token, request.headers())
+                }
+                None => {
+                    let key = key.into_owned();
+                    let inner = take_readied(&mut self.inner);
+                    ResponseFuture::shared(inner, request, token, key, shared)
+                }
+            };
         }
         let state = match config.store.find(&key, token.get()) {
             Ok(Found::Entered(guard)) => {

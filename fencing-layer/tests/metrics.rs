@@ -115,6 +115,7 @@ fn expect(seen: &[(&str, u64)]) -> BTreeMap<String, u64> {
         "key-table-full",
         "drain-timeout",
         "store-unavailable",
+        "claim-lost",
         "unfenced",
     ];
     let mut outcomes: BTreeMap<String, u64> = all.iter().map(|o| (o.to_string(), 0)).collect();

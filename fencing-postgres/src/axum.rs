@@ -42,6 +42,11 @@ impl IntoResponse for FenceError {
                 let detail = "the database could not be reached, or no connection was free in time";
                 (StatusCode::SERVICE_UNAVAILABLE, "database-unavailable", "Database unavailable", detail)
             }
+        } else if matches!(self, Self::FencedByClaims { .. }) {
+            tracing::error!(error = %self, "fenced transaction refused: the key is fenced two ways");
+            let detail =
+                "the key is fenced through the shared store (replica claims); fence each key one way";
+            (StatusCode::CONFLICT, "fenced-elsewhere", "Key fenced another way", detail)
         } else if matches!(self, Self::KeyHasNul) {
             tracing::info!(error = %self, "fenced transaction refused");
             let detail = "the resource key contains a NUL character, which the mark table cannot store";

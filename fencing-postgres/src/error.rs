@@ -31,6 +31,13 @@ pub enum FenceError {
     },
     /// The key holds a NUL character, which PostgreSQL text cannot store (400).
     KeyHasNul,
+    /// The key is fenced through the shared store ([`PgSharedStore`](crate::PgSharedStore)'s
+    /// claims) by another writer. The two ways of fencing do not exclude each
+    /// other's requests, so a key is fenced one way only (409).
+    FencedByClaims {
+        /// The resource key.
+        key: String,
+    },
     /// A concurrent transaction got in the way: a serialization failure (40001,
     /// under REPEATABLE READ or SERIALIZABLE), a deadlock (40P01), or the
     /// transaction's `lock_timeout` (55P03). Roll back and run the whole
@@ -124,6 +131,11 @@ impl fmt::Display for FenceError {
         }
         match self {
             Self::KeyHasNul => f.write_str("the resource key contains a NUL character"),
+            Self::FencedByClaims { key } => write!(
+                f,
+                "{key} is fenced through the shared store (replica claims); \
+                 a key is fenced one way only, not also in the transaction"
+            ),
             Self::Retry(error) => write!(f, "the transaction conflicted with a concurrent one: {error}"),
             Self::Unavailable(error) => write!(f, "the database is unavailable: {error}"),
             Self::Pool(error) => write!(f, "no database connection: {error}"),

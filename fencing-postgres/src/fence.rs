@@ -33,8 +33,31 @@ struct Statements {
     table: String,
     migrate: String,
     fence: String,
-    enter: String,
-    open: String,
+    claims: ClaimStatements,
+}
+
+/// The shared store's statements (`claims.rs` says why they are these).
+#[derive(Debug, Default)]
+pub(crate) struct ClaimStatements {
+    /// The notification channel: short, and the same on every replica.
+    pub(crate) channel: String,
+    /// `($1 key, $2 token)`: raises the mark if lower, marks the key as fenced by
+    /// claims, and announces a raise (`r <token> <key>`, at commit).
+    pub(crate) raise: String,
+    /// `($1 key)` → `(mark, way)`: locks the mark row, for the rest of the transaction.
+    pub(crate) lock_mark: String,
+    /// `($1 key, $2 token)`: locks every claim row below the token.
+    pub(crate) lock_lower: String,
+    /// `($1 key, $2 token)`: deletes the expired ones.
+    pub(crate) drop_expired: String,
+    /// `($1 key, $2 token, $3 replica, $4 grant, $5 term seconds)` →
+    /// `(mark, way, live lower claims, ms to the soonest one's expiry, granted)`.
+    pub(crate) grant: String,
+    /// `($1 key, $2 replica, $3 grant)`: deletes the claim and announces it (`l <token> <key>`).
+    pub(crate) release: String,
+    /// `($1 replica, $2 keys, $3 grants, $4 term seconds)` → `(key, grant, token, mark)`
+    /// of every claim renewed.
+    pub(crate) renew: String,
 }
 
 /// What a successful [`PgFence::fence`] found: the mark now equals `token`.
@@ -55,6 +78,10 @@ impl Fenced {
     }
 }
 
+/// What fenced a key's mark row first: its way, kept so that the two ways never mix silently.
+pub(crate) const WAY_TRANSACTION: &str = "tx";
+pub(crate) const WAY_CLAIMS: &str = "claims";
+
 impl Default for PgFence {
     fn default() -> Self {
         Self::table(Self { sql: Arc::new(Statements::empty()) }, DEFAULT_TABLE)
@@ -65,7 +92,7 @@ impl Default for PgFence {
 impl Statements {
     fn empty() -> Self {
         let none = String::new;
-        Self { table: none(), migrate: none(), fence: none(), enter: none(), open: none() }
+        Self { table: none(), migrate: none(), fence: none(), claims: ClaimStatements::default() }
     }
 }
 
@@ -80,9 +107,9 @@ impl PgFence {
     /// digits and underscores, not starting with a digit. The name is quoted,
     /// so its case is kept. Anything else is refused here, before it can reach SQL.
     pub fn table(self, name: &str) -> Result<Self, InvalidTableName> {
-        // The shared store's second table, `<name>_inside`, must be a valid name too.
-        let inside = quote(&format!("{name}_inside"))?;
-        Ok(Self::build(name.to_owned(), quote(name)?, inside))
+        // The shared store's second table, `<name>_claims`, must be a valid name too.
+        let claims = quote(&format!("{name}_claims"))?;
+        Ok(Self::build(name.to_owned(), quote(name)?, claims))
     }
 
     /// The mark table's name, as given.
@@ -91,10 +118,11 @@ impl PgFence {
         &self.sql.table
     }
 
-    fn build(table: String, quoted: String, inside: String) -> Self {
-        // `previous` is how the statement returns the mark it found: PostgreSQL
-        // before 18 returns only the new row from an upsert. Keys compare as
-        // bytes (collation "C"), as the layer's do.
+    fn build(table: String, quoted: String, claims: String) -> Self {
+        // `previous` is how the raise returns the mark it found: PostgreSQL
+        // before 18 returns only the new row from an upsert. `way` records
+        // which way of fencing owns the key. Keys compare as bytes (collation
+        // "C"), as the layer's do.
         let migrate = format!(
             "SELECT pg_advisory_xact_lock(hashtext('fencing-postgres migrate'));
              CREATE TABLE IF NOT EXISTS {quoted} (
@@ -102,45 +130,101 @@ impl PgFence {
                  mark NUMERIC(20,0) NOT NULL CHECK (mark BETWEEN 0 AND 18446744073709551615),
                  previous NUMERIC(20,0) NOT NULL
              );
-             CREATE TABLE IF NOT EXISTS {inside} (
+             ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS way TEXT;
+             CREATE TABLE IF NOT EXISTS {claims} (
                  key TEXT COLLATE \"C\" NOT NULL,
+                 replica TEXT NOT NULL,
                  token NUMERIC(20,0) NOT NULL,
-                 PRIMARY KEY (key, token)
+                 grant_id BIGINT NOT NULL,
+                 expires_at TIMESTAMPTZ NOT NULL,
+                 PRIMARY KEY (key, replica)
              )"
         );
+        // Lock the row (the latest version, even if it changed since the
+        // statement began), then raise it only if it is lower: a token equal to
+        // the mark locks the row and rewrites nothing.
         let fence = format!(
-            "INSERT INTO {quoted} AS m (key, mark, previous) VALUES ($1, $2::numeric + {OFFSET}, 0)
-             ON CONFLICT (key) DO UPDATE SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark
-             RETURNING (previous - {OFFSET})::int8, (mark - {OFFSET})::int8"
+            "WITH cur AS (SELECT mark, way FROM {quoted} WHERE key = $1 FOR NO KEY UPDATE),
+             raised AS (
+                 INSERT INTO {quoted} AS m (key, mark, previous, way)
+                 SELECT $1, $2::numeric + {OFFSET}, 0, '{WAY_TRANSACTION}'
+                 WHERE NOT EXISTS (SELECT 1 FROM cur WHERE mark >= $2::numeric + {OFFSET} OR way = '{WAY_CLAIMS}')
+                 ON CONFLICT (key) DO UPDATE
+                     SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark, way = COALESCE(m.way, EXCLUDED.way)
+                     WHERE m.way IS DISTINCT FROM '{WAY_CLAIMS}'
+                 RETURNING (previous - {OFFSET})::int8, (mark - {OFFSET})::int8, way
+             )
+             SELECT * FROM raised
+             UNION ALL
+             SELECT (mark - {OFFSET})::int8, (mark - {OFFSET})::int8, way FROM cur
+             WHERE NOT EXISTS (SELECT 1 FROM raised)"
         );
-        // The shared store's statements (`shared.rs` says why they are these).
-        let enter = format!(
-            "SELECT (m.mark - {OFFSET})::int8, i.token IS NOT NULL
-             FROM {quoted} m LEFT JOIN LATERAL (
-                 SELECT token FROM {inside} WHERE key = $1 AND token = $2::numeric + {OFFSET} FOR KEY SHARE
-             ) i ON true
-             WHERE m.key = $1"
-        );
-        let open = format!(
-            "WITH drained AS (DELETE FROM {inside} WHERE key = $1 AND token < $2::numeric + {OFFSET})
-             INSERT INTO {inside} (key, token) VALUES ($1, $2::numeric + {OFFSET}) ON CONFLICT DO NOTHING"
-        );
-        Self { sql: Arc::new(Statements { table, migrate, fence, enter, open }) }
+        let channel = format!("fencing_claims_{:016x}", fnv1a(table.as_bytes()));
+        let claims_sql = ClaimStatements {
+            raise: format!(
+                "WITH raised AS (
+                     INSERT INTO {quoted} AS m (key, mark, previous, way)
+                     VALUES ($1, $2::numeric + {OFFSET}, 0, '{WAY_CLAIMS}')
+                     ON CONFLICT (key) DO UPDATE SET mark = EXCLUDED.mark, previous = m.mark, way = EXCLUDED.way
+                     WHERE m.mark < EXCLUDED.mark AND m.way IS DISTINCT FROM '{WAY_TRANSACTION}'
+                     RETURNING key
+                 )
+                 SELECT pg_notify('{channel}', 'r ' || ($2::numeric + {OFFSET})::text || ' ' || $1) FROM raised"
+            ),
+            lock_mark: format!("SELECT (mark - {OFFSET})::int8, way FROM {quoted} WHERE key = $1 FOR NO KEY UPDATE"),
+            lock_lower: format!(
+                "SELECT 1 FROM {claims} WHERE key = $1 AND token < $2::numeric + {OFFSET} ORDER BY replica FOR UPDATE"
+            ),
+            drop_expired: format!(
+                "DELETE FROM {claims}
+                 WHERE key = $1 AND token < $2::numeric + {OFFSET} AND expires_at <= clock_timestamp()"
+            ),
+            grant: format!(
+                "WITH m AS (SELECT mark, way FROM {quoted} WHERE key = $1),
+                 lower AS (
+                     SELECT count(*) AS live, min(expires_at) - clock_timestamp() AS soonest
+                     FROM {claims} WHERE key = $1 AND token < $2::numeric + {OFFSET}
+                 ),
+                 granted AS (
+                     INSERT INTO {claims} AS c (key, replica, token, grant_id, expires_at)
+                     SELECT $1, $3, m.mark, $4, clock_timestamp() + make_interval(secs => $5)
+                     FROM m, lower
+                     WHERE m.mark = $2::numeric + {OFFSET} AND lower.live = 0 AND m.way IS DISTINCT FROM '{WAY_TRANSACTION}'
+                     ON CONFLICT (key, replica) DO UPDATE
+                         SET token = EXCLUDED.token, grant_id = EXCLUDED.grant_id, expires_at = EXCLUDED.expires_at
+                     RETURNING 1
+                 )
+                 SELECT (m.mark - {OFFSET})::int8, m.way, lower.live,
+                        (EXTRACT(EPOCH FROM lower.soonest) * 1000)::float8, EXISTS (SELECT 1 FROM granted)
+                 FROM m, lower"
+            ),
+            release: format!(
+                "WITH gone AS (DELETE FROM {claims} WHERE key = $1 AND replica = $2 AND grant_id = $3 RETURNING token)
+                 SELECT pg_notify('{channel}', 'l ' || token::text || ' ' || $1) FROM gone"
+            ),
+            renew: format!(
+                "WITH held AS (SELECT * FROM unnest($2::text[], $3::int8[]) AS h(key, grant_id)),
+                 locked AS (
+                     SELECT c.key FROM {claims} c JOIN held h ON c.key = h.key AND c.grant_id = h.grant_id
+                     WHERE c.replica = $1 ORDER BY c.key FOR UPDATE OF c
+                 ),
+                 renewed AS (
+                     UPDATE {claims} c SET expires_at = clock_timestamp() + make_interval(secs => $4)
+                     FROM locked l
+                     WHERE c.key = l.key AND c.replica = $1 AND c.expires_at > clock_timestamp()
+                     RETURNING c.key, c.grant_id, c.token
+                 )
+                 SELECT r.key, r.grant_id, (r.token - {OFFSET})::int8, (m.mark - {OFFSET})::int8
+                 FROM renewed r JOIN {quoted} m ON m.key = r.key"
+            ),
+            channel,
+        };
+        Self { sql: Arc::new(Statements { table, migrate, fence, claims: claims_sql }) }
     }
 
-    /// The fence statement: `($1 key, $2 token)` → `(previous, mark)`, wire form.
-    pub(crate) fn fence_sql(&self) -> &str {
-        &self.sql.fence
-    }
-
-    /// `($1 key, $2 token)` → `(mark, whether the token is open and now KEY SHARE locked)`.
-    pub(crate) fn enter_sql(&self) -> &str {
-        &self.sql.enter
-    }
-
-    /// `($1 key, $2 token)`: waits for and removes lower tokens' rows, opens this one.
-    pub(crate) fn open_sql(&self) -> &str {
-        &self.sql.open
+    /// The shared store's statements.
+    pub(crate) fn claims_sql(&self) -> &ClaimStatements {
+        &self.sql.claims
     }
 
     /// Creates the mark table if it does not exist. Idempotent, and safe when
@@ -183,10 +267,18 @@ impl PgFence {
         }
         // Typed parameters: parse, bind and execute go in one message batch,
         // with no prepare round trip first.
-        let row =
-            tx.query_typed_one(&self.sql.fence, &[(&key, Type::TEXT), (&to_wire(token), Type::INT8)]).await?;
+        let rows =
+            tx.query_typed(&self.sql.fence, &[(&key, Type::TEXT), (&to_wire(token), Type::INT8)]).await?;
+        // No row: the key's row appeared, owned by the shared store, between the lock and the insert.
+        let Some(row) = rows.into_iter().next() else {
+            return Err(FenceError::FencedByClaims { key: key.to_owned() });
+        };
         let previous = from_wire(row.try_get(0)?);
         let mark = from_wire(row.try_get(1)?);
+        let way: Option<String> = row.try_get(2)?;
+        if way.as_deref() == Some(WAY_CLAIMS) {
+            return Err(FenceError::FencedByClaims { key: key.to_owned() });
+        }
         if mark > token {
             return Err(FenceError::Stale { key: key.to_owned(), presented: token, highest: mark });
         }
@@ -195,6 +287,13 @@ impl PgFence {
         }
         Ok(Fenced { token, previous })
     }
+}
+
+/// FNV-1a: a hash that is the same in every process, for the channel's name.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325, |hash, &byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
 }
 
 /// `token − 2⁶³` as an `i64`: the order of `u64`s kept in a signed integer.

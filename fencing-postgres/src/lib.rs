@@ -127,10 +127,15 @@
 //!
 //! For effects outside PostgreSQL (a file, a queue, another service), the
 //! layer itself can keep its contract across replicas: [`PgSharedStore`]
-//! makes every replica's [`FencingLayer`](fencing_layer::FencingLayer) decide
-//! in the database. A stale token is refused on every replica; a higher one
-//! raises the mark at once and waits, up to the drain bound, until no
-//! lower-token request is inside on any replica (a `lock_timeout`, then 503).
+//! gives every replica's [`FencingLayer`](fencing_layer::FencingLayer) marks
+//! in the database and **replica claims**
+//! ([`fencing_layer::claims`]): a replica holds a claim on a key's current
+//! token, a row with an expiry on the database's clock that it renews in the
+//! background, and admits every request with that token in memory. A raise
+//! commits the higher mark, tells the replicas (`NOTIFY`), and waits, up to
+//! the drain bound, until every lower claim is released or expired (then 503).
+//! A replica that cannot renew stops its own requests before its claim can
+//! expire. No exclusion rests on a database session staying alive.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -138,8 +143,9 @@
 //! use fencing_layer::FencingLayer;
 //! use fencing_postgres::{PgFence, PgSharedStore, PoolLimits};
 //!
-//! let config = "host=127.0.0.1 user=postgres dbname=app".parse()?;
-//! let store = PgSharedStore::new(fencing_postgres::pool(config, PoolLimits::default())?, PgFence::new());
+//! let config: tokio_postgres::Config = "host=127.0.0.1 user=postgres dbname=app".parse()?;
+//! let pool = fencing_postgres::pool(config.clone(), PoolLimits::default())?;
+//! let store = PgSharedStore::new(pool, config, PgFence::new());
 //! store.migrate().await?;
 //! let app: Router = Router::new()
 //!     .route("/jobs/{name}", post(|| async { "ran" }))
@@ -147,11 +153,14 @@
 //! # let _ = app; Ok(()) }
 //! ```
 //!
-//! Each request inside holds a pooled connection with an open transaction,
-//! and costs one round trip when it carries the key's current token (a raise:
-//! three more). Use in-transaction fencing when the effect is in this
-//! database: it is cheaper and covers the write itself. The module docs of
-//! `shared.rs` give the mapping onto PostgreSQL and why it holds.
+//! A request with the replica's current token costs no round trip and holds
+//! no connection; a replica uses one background connection of its own
+//! (renewals and `LISTEN`), and its pool only for the short transactions of a
+//! grant, a raise or a release. A key is fenced one way: through the shared
+//! store or in the transaction ([`FenceError::FencedByClaims`] and a 400 from
+//! the store refuse the mix). `claims.rs` and `shared.rs` in this crate give the
+//! mapping onto PostgreSQL; the argument for why it holds is in
+//! [`fencing_layer::claims`].
 //!
 //! # Cargo features
 //!
@@ -162,6 +171,7 @@
 
 #[cfg(feature = "axum")]
 mod axum;
+mod claims;
 mod error;
 mod fence;
 mod pool;

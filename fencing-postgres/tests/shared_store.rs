@@ -4,135 +4,20 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::Path;
-use axum::routing::post;
-use common::{BOUND, Rng, TestDb, lock_waiters};
-use fencing_layer::{FencingLayer, FencingToken};
+use common::replicas::{Probe, Replica};
+use common::{Rng, TestDb};
+use fencing_layer::FencingLayer;
 use fencing_postgres::{PgFence, PgSharedStore, PoolLimits};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-
-/// What every replica's handler saw, in one order: `(key, token, entered)`.
-#[derive(Clone, Default)]
-struct Probe {
-    events: Arc<Mutex<Vec<(u64, u64, bool)>>>,
-    gates: Arc<Mutex<HashMap<u64, Arc<Semaphore>>>>,
-    /// Each request stays inside 0–4 ms, so that requests overlap.
-    jitter: bool,
-}
-
-impl Probe {
-    /// Requests with `token` stay inside until released.
-    fn hold(&self, token: u64) -> Arc<Semaphore> {
-        Arc::clone(self.gates.lock().unwrap().entry(token).or_insert_with(|| Arc::new(Semaphore::new(0))))
-    }
-
-    fn release(&self, token: u64) {
-        self.hold(token).close();
-    }
-
-    fn events(&self) -> Vec<(u64, u64, bool)> {
-        self.events.lock().unwrap().clone()
-    }
-
-    fn inside(&self, key: u64, token: u64) -> usize {
-        let events = self.events();
-        let entered = events.iter().filter(|e| **e == (key, token, true)).count();
-        entered - events.iter().filter(|e| **e == (key, token, false)).count()
-    }
-
-    async fn wait_inside(&self, key: u64, token: u64, n: usize) {
-        let waited = tokio::time::timeout(BOUND, async {
-            while self.inside(key, token) < n {
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        });
-        waited.await.unwrap_or_else(|_| panic!("{n} requests with {token} never got inside"));
-    }
-
-    fn router(&self, layer: FencingLayer) -> Router {
-        let probe = self.clone();
-        let handler = move |Path(key): Path<u64>, token: FencingToken| {
-            let probe = probe.clone();
-            async move {
-                probe.events.lock().unwrap().push((key, token.get(), true));
-                // Recorded on drop too, so a request cut off inside still leaves.
-                let _exit = Exit(probe.clone(), key, token.get());
-                let gate = probe.gates.lock().unwrap().get(&token.get()).cloned();
-                if let Some(gate) = gate {
-                    let _ = gate.acquire().await;
-                }
-                if probe.jitter {
-                    let n = probe.events.lock().unwrap().len() as u64;
-                    tokio::time::sleep(Duration::from_millis(n * 7 % 10)).await;
-                }
-                "ok"
-            }
-        };
-        Router::new().route("/r/{key}", post(handler)).route_layer(layer)
-    }
-}
-
-struct Exit(Probe, u64, u64);
-
-impl Drop for Exit {
-    fn drop(&mut self) {
-        self.0.events.lock().unwrap().push((self.1, self.2, false));
-    }
-}
-
-/// One replica: a real server on 127.0.0.1 with its own layer and pool.
-struct Replica {
-    url: String,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Replica {
-    async fn start(probe: &Probe, db: &TestDb, layer: FencingLayer, limits: PoolLimits) -> Self {
-        let store = PgSharedStore::new(db.pool(limits), PgFence::new());
-        store.migrate().await.unwrap();
-        let router = probe.router(layer.shared_store(store));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        Self { url, server }
-    }
-
-    async fn post(&self, key: u64, token: u64) -> (u16, serde_json::Value) {
-        let client = reqwest::Client::new();
-        let request = client.post(format!("{}/r/{key}", self.url)).header("fencing-token", token).send();
-        let response = tokio::time::timeout(BOUND, request).await.expect("the request hung").unwrap();
-        let status = response.status().as_u16();
-        let body = response.bytes().await.unwrap();
-        (status, serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null))
-    }
-
-    fn spawn_post(
-        self: &Arc<Self>,
-        key: u64,
-        token: u64,
-    ) -> tokio::task::JoinHandle<(u16, serde_json::Value)> {
-        let replica = Arc::clone(self);
-        tokio::spawn(async move { replica.post(key, token).await })
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
 
 async fn replicas(db: &TestDb, probe: &Probe, n: usize, drain: Duration) -> Vec<Arc<Replica>> {
     let mut all = Vec::new();
     for _ in 0..n {
         let layer = FencingLayer::new().drain_timeout(drain);
-        all.push(Arc::new(Replica::start(probe, db, layer, PoolLimits::default()).await));
+        all.push(Arc::new(Replica::start(probe, db.config(), layer, PoolLimits::default()).await));
     }
     all
 }
@@ -163,9 +48,13 @@ async fn a_raise_waits_for_lower_tokens_inside_on_any_replica_and_equal_ones_sha
     probe.wait_inside(1, 7, 2).await; // equal tokens inside at once, on two replicas
 
     let raise = r[2].spawn_post(1, 8);
-    lock_waiters(&db.connect().await, 1).await; // 8 waits in the database for the 7s
-    // The mark rose at once: 7 is refused everywhere though two 7s are still inside.
+    // The mark rose at once, and every replica hears of it: 7 is refused
+    // everywhere though two 7s are still inside.
+    for replica in &r {
+        replica.hears(1, 8).await;
+    }
     assert_eq!(r[0].post(1, 7).await.0, 409);
+    assert_eq!(r[1].post(1, 7).await.0, 409);
     assert!(!raise.is_finished());
     probe.release(7);
     assert_eq!(first.await.unwrap().0, 200);
@@ -209,32 +98,36 @@ async fn a_request_cut_off_inside_lets_the_next_holder_in() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn database_down_or_pool_exhausted_is_503_and_nothing_is_admitted() {
+async fn requests_inside_hold_no_connection_and_a_database_that_is_down_is_503() {
     let Some(db) = TestDb::create().await else { return };
     let probe = Probe::default();
     let limits = PoolLimits { max_size: 1, wait: Duration::from_millis(200), ..PoolLimits::default() };
-    let one = Arc::new(Replica::start(&probe, &db, FencingLayer::new(), limits).await);
+    let one = Arc::new(Replica::start(&probe, db.config(), FencingLayer::new(), limits).await);
     probe.hold(2);
-    let holder = one.spawn_post(1, 2);
-    probe.wait_inside(1, 2, 1).await;
-    // The only connection is inside: the next request waits 200 ms for one, then 503.
-    let (status, problem) = one.post(1, 2).await;
-    assert_eq!(status, 503);
-    assert_eq!(problem["type"], "urn:fencing:problem:store-unavailable");
+    // With a pool of one connection, 50 requests are inside at once under one claim,
+    // and another key is still claimed through that connection.
+    let holders: Vec<_> = (0..50).map(|_| one.spawn_post(1, 2)).collect();
+    probe.wait_inside(1, 2, 50).await;
+    assert_eq!(one.post(2, 1).await.0, 200);
     probe.release(2);
-    assert_eq!(holder.await.unwrap().0, 200);
+    for holder in holders {
+        assert_eq!(holder.await.unwrap().0, 200);
+    }
 
     // A database that is not there: a closed loopback port.
     let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap().port();
     let config: tokio_postgres::Config =
         format!("host=127.0.0.1 port={closed} user=postgres").parse().unwrap();
-    let store =
-        PgSharedStore::new(fencing_postgres::pool(config, PoolLimits::default()).unwrap(), PgFence::new());
+    let store = PgSharedStore::new(
+        fencing_postgres::pool(config.clone(), PoolLimits::default()).unwrap(),
+        config,
+        PgFence::new(),
+    );
     let router = probe.router(FencingLayer::new().shared_store(store));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    let down = Replica { url, server };
+    let down = Replica { url, server, store: None };
     let before = probe.events().len();
     let (status, problem) = down.post(1, 9).await;
     assert_eq!(status, 503);
@@ -248,7 +141,7 @@ async fn database_down_or_pool_exhausted_is_503_and_nothing_is_admitted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn random_routing_across_three_replicas_keeps_both_invariants() {
     let Some(db) = TestDb::create().await else { return };
-    let probe = Probe { jitter: true, ..Probe::default() };
+    let probe = Probe::jittery();
     let r = replicas(&db, &probe, 3, Duration::from_secs(10)).await;
     let mut rng = Rng::from_clock();
     let mut tasks = Vec::new();
@@ -270,15 +163,5 @@ async fn random_routing_across_three_replicas_keeps_both_invariants() {
     }
     assert!(statuses.iter().all(|s| [200, 409].contains(s)), "{statuses:?}");
     assert!(statuses.iter().filter(|s| **s == 200).count() > 12, "{statuses:?}");
-    let mut state: HashMap<u64, (u64, usize, u64)> = HashMap::new(); // key → (inside token, count, last admitted)
-    for (key, token, entered) in probe.events() {
-        let (inside, count, last) = state.entry(key).or_default();
-        if entered {
-            assert!(*count == 0 || *inside == token, "key {key}: {token} entered while {inside} was inside");
-            assert!(token >= *last, "key {key}: {token} admitted after {last}");
-            (*inside, *count, *last) = (token, *count + 1, token);
-        } else {
-            *count -= 1;
-        }
-    }
+    probe.assert_invariants();
 }

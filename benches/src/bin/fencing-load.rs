@@ -295,8 +295,11 @@ async fn shared_postgres_layer(
         return Err("--shared-postgres: not a loopback database; refusing".into());
     }
     let limits = fencing_postgres::PoolLimits { max_size: 64, ..Default::default() };
-    let store =
-        fencing_postgres::PgSharedStore::new(fencing_postgres::pool(config, limits)?, Default::default());
+    let store = fencing_postgres::PgSharedStore::new(
+        fencing_postgres::pool(config.clone(), limits)?,
+        config,
+        Default::default(),
+    );
     store.migrate().await?;
     Ok(fencing_layer::FencingLayer::new().shared_store(store))
 }

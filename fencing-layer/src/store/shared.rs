@@ -43,6 +43,7 @@ use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use super::StoreError;
@@ -54,6 +55,19 @@ pub type SharedAdmission = Pin<Box<dyn Future<Output = Result<SharedPermit, Shar
 
 /// Marks and in-flight bookkeeping shared by every replica of a resource.
 pub trait SharedStore: Send + Sync + 'static {
+    /// Decides on a request carrying `token` for `key` in memory, without I/O,
+    /// when the store can: `Some` admits or refuses it at once, `None` sends it
+    /// to [`admit`](Self::admit). Called on every fenced request, so it must be
+    /// cheap. The default decides nothing.
+    ///
+    /// [`ClaimStore`](crate::claims::ClaimStore) admits here every request
+    /// whose token this replica holds a valid claim on, and refuses tokens
+    /// below a mark it knows.
+    fn try_admit(&self, key: &str, token: u64) -> Option<Result<SharedPermit, SharedRefusal>> {
+        let _ = (key, token);
+        None
+    }
+
     /// Decides on a request carrying `token` for `key`: a place inside, held
     /// until the permit is dropped, or a refusal. A raise may wait up to
     /// `drain` for lower-token requests to leave, on any replica.
@@ -64,19 +78,82 @@ pub trait SharedStore: Send + Sync + 'static {
 }
 
 /// A request's place inside the inner service, in a [`SharedStore`]: whatever
-/// the store needs to hold (a transaction, a lock), released when dropped.
-pub struct SharedPermit(#[allow(dead_code)] Box<dyn Any + Send>);
+/// the store needs to hold (a transaction, a lock, a claim), released when
+/// dropped. A permit may be *revocable*: when its signal fires, the layer drops
+/// the request's inner future (then the permit) and answers 503
+/// [`Rejection::ClaimLost`](crate::Rejection::ClaimLost).
+pub struct SharedPermit {
+    place: Place,
+    raised: bool,
+    drained: Option<Duration>,
+}
+
+enum Place {
+    Held(#[allow(dead_code)] Box<dyn Any + Send>),
+    Revocable(#[allow(dead_code)] Box<dyn Any + Send>, Pin<Box<dyn Future<Output = ()> + Send>>),
+    Claim(crate::claims::Entered),
+}
 
 impl SharedPermit {
     /// A permit that holds `place` until dropped.
     pub fn new(place: impl Any + Send) -> Self {
-        Self(Box::new(place))
+        Self::from_place(Place::Held(Box::new(place)))
+    }
+
+    /// A permit that holds `place` until dropped, and whose request is stopped
+    /// (its inner future dropped, 503 answered) as soon as `revoked` completes.
+    pub fn revocable(place: impl Any + Send, revoked: impl Future<Output = ()> + Send + 'static) -> Self {
+        Self::from_place(Place::Revocable(Box::new(place), Box::pin(revoked)))
+    }
+
+    pub(crate) fn claim(entered: crate::claims::Entered) -> Self {
+        Self::from_place(Place::Claim(entered))
+    }
+
+    fn from_place(place: Place) -> Self {
+        Self { place, raised: false, drained: None }
+    }
+
+    /// Notes, for the layer's metrics, that this admission raised the key's
+    /// mark, and how long it waited for lower-token requests to leave.
+    #[must_use]
+    pub fn with_raise(mut self, raised: bool, drained: Option<Duration>) -> Self {
+        self.raised = raised;
+        self.drained = drained;
+        self
+    }
+
+    /// Whether this admission raised the key's mark.
+    pub(crate) fn raised(&self) -> bool {
+        self.raised
+    }
+
+    /// How long this admission waited for lower-token requests, if it waited.
+    pub(crate) fn drained(&self) -> Option<Duration> {
+        self.drained
+    }
+
+    /// The key, where the permit knows it.
+    pub(crate) fn key(&self) -> Option<&str> {
+        match &self.place {
+            Place::Claim(entered) => Some(entered.key()),
+            _ => None,
+        }
+    }
+
+    /// Ready once the request must be stopped; pending for as long as it may run.
+    pub(crate) fn poll_revoked(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        match &mut self.place {
+            Place::Held(_) => Poll::Pending,
+            Place::Revocable(_, revoked) => revoked.as_mut().poll(cx),
+            Place::Claim(entered) => entered.poll_revoked(cx),
+        }
     }
 }
 
 impl fmt::Debug for SharedPermit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SharedPermit").finish_non_exhaustive()
+        f.debug_struct("SharedPermit").field("raised", &self.raised).finish_non_exhaustive()
     }
 }
 

@@ -7,6 +7,10 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+pub mod own_pg;
+pub mod replicas;
+pub mod stall;
+
 use deadpool_postgres::Pool;
 use fencing_postgres::{PgFence, PoolLimits};
 use tokio_postgres::{Client, Config, NoTls};
@@ -92,6 +96,11 @@ fn admin_config() -> Config {
     let mut config: Config = SERVER.parse().unwrap();
     config.dbname("postgres");
     config
+}
+
+/// A new connection to the database `config` names, its connection task spawned.
+pub async fn connect_to(config: &Config) -> Client {
+    connect(config).await.unwrap()
 }
 
 async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {

@@ -1,0 +1,285 @@
+//! `PgClaims`: the claim backend on PostgreSQL (the protocol and its proof are
+//! in [`fencing_layer::claims`]; this file is only how PostgreSQL keeps it).
+//!
+//! Two tables: the marks (`fencing_marks`, shared with [`PgFence::fence`]) and
+//! `<marks>_claims`, one row per key and replica: `(token, grant_id,
+//! expires_at)`, the expiry on the database's clock (`clock_timestamp()`).
+//!
+//! - **Claim**: one transaction, pipelined (one round trip), READ COMMITTED
+//!   whatever the database's default: raise the mark if lower (and `NOTIFY` the
+//!   raise, delivered at commit); lock the mark row; lock every lower claim row
+//!   (waiting for a renewal in flight on it); delete the expired ones; grant
+//!   if the mark equals the token and no lower claim is left. Each statement
+//!   takes a fresh snapshot after the locks before it, so it sees every claim
+//!   committed by a grant that held the mark row before; and no claim below the
+//!   mark can be granted while this transaction holds it.
+//! - **Renew**: one statement on the replica's own session, extending only rows
+//!   still live (`expires_at > clock_timestamp()`), after locking them in key
+//!   order (so renewals and grants never deadlock: a grant locks one key's rows).
+//! - **Release**: one statement deleting the row of one grant, and `NOTIFY`.
+//! - **Session**: a connection of its own (outside the pool), which `LISTEN`s
+//!   for raises and releases and runs the renewals.
+//!
+//! Every wait on a lock is bounded by `lock_timeout` (1 s); running out means
+//! "look again later", never "held". Nothing stays open between statements, so
+//! a client that goes away leaves no session behind.
+
+use std::future::poll_fn;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use fencing_layer::StoreError;
+use fencing_layer::claims::{
+    BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, Renewed,
+};
+use tokio::sync::mpsc;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+use crate::fence::{PgFence, WAY_TRANSACTION, from_wire, to_wire};
+
+/// How long any claim statement waits for a row lock.
+const LOCK_TIMEOUT: &str = "1s";
+
+type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
+
+/// The claim backend: marks and claims in `fence`'s tables, through `pool`; the
+/// replica's session opened from `config`.
+#[derive(Clone)]
+pub(crate) struct PgClaims {
+    pool: Pool,
+    config: tokio_postgres::Config,
+    fence: PgFence,
+}
+
+impl PgClaims {
+    pub(crate) fn new(pool: Pool, config: tokio_postgres::Config, fence: PgFence) -> Self {
+        Self { pool, config, fence }
+    }
+
+    async fn claim(
+        self,
+        key: String,
+        replica: String,
+        token: u64,
+        grant: u64,
+        term: Duration,
+    ) -> Result<ClaimReply, StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::log)?;
+        let sql = self.fence.claims_sql();
+        let wire = to_wire(token);
+        let grant = i64::try_from(grant).map_err(StoreError::log)?;
+        let seconds = term.as_secs_f64();
+        let key_token: Params<'_> = &[(&key, Type::TEXT), (&wire, Type::INT8)];
+        let key_only: Params<'_> = &[(&key, Type::TEXT)];
+        let bound = format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'");
+        let grant_params: Params<'_> = &[
+            (&key, Type::TEXT),
+            (&wire, Type::INT8),
+            (&replica, Type::TEXT),
+            (&grant, Type::INT8),
+            (&seconds, Type::FLOAT8),
+        ];
+        // Sent back to back: one round trip. A failed statement aborts the
+        // transaction, and COMMIT then rolls it back.
+        let (begun, bounded, raised, locked, lower, expired, granted, committed) = tokio::join!(
+            client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
+            client.batch_execute(&bound),
+            client.query_typed(&sql.raise, key_token),
+            client.query_typed(&sql.lock_mark, key_only),
+            client.query_typed(&sql.lock_lower, key_token),
+            client.query_typed(&sql.drop_expired, key_token),
+            client.query_typed(&sql.grant, grant_params),
+            client.batch_execute("COMMIT"),
+        );
+        let outcome = (|| {
+            begun?;
+            bounded?;
+            let raised = raised?.len() == 1;
+            locked?;
+            lower?;
+            expired?;
+            let rows = granted?;
+            committed?;
+            Ok((raised, rows))
+        })();
+        let (raised, rows) = match outcome {
+            Ok(outcome) => outcome,
+            // A lock that stayed taken, a deadlock, a conflict: look again later.
+            Err(error) if is_transient(&error) => {
+                return Ok(ClaimReply::Wait { raised: false, soonest: None });
+            }
+            Err(error) => return Err(StoreError::log(error)),
+        };
+        let Some(row) = rows.into_iter().next() else {
+            return Err(StoreError::log(std::io::Error::other("the mark row vanished during a claim")));
+        };
+        let mark = from_wire(row.try_get(0).map_err(StoreError::log)?);
+        let way: Option<String> = row.try_get(1).map_err(StoreError::log)?;
+        let live: i64 = row.try_get(2).map_err(StoreError::log)?;
+        let soonest_ms: Option<f64> = row.try_get(3).map_err(StoreError::log)?;
+        let granted: bool = row.try_get(4).map_err(StoreError::log)?;
+        if way.as_deref() == Some(WAY_TRANSACTION) {
+            return Ok(ClaimReply::Refused(
+                "the key is fenced in-transaction (PgFence::fence) by another writer; fence each key one way",
+            ));
+        }
+        Ok(if mark > token {
+            ClaimReply::Stale { mark }
+        } else if granted {
+            ClaimReply::Granted { raised }
+        } else if live > 0 && mark == token {
+            let soonest = soonest_ms.map(|ms| Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+            ClaimReply::Wait { raised, soonest }
+        } else {
+            ClaimReply::Wait { raised, soonest: None }
+        })
+    }
+
+    async fn release(self, key: String, replica: String, grant: u64) -> Result<(), StoreError> {
+        let client = self.pool.get().await.map_err(StoreError::log)?;
+        let grant = i64::try_from(grant).map_err(StoreError::log)?;
+        let params: Params<'_> = &[(&key, Type::TEXT), (&replica, Type::TEXT), (&grant, Type::INT8)];
+        let (begun, released, committed) = tokio::join!(
+            client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
+            client.query_typed(&self.fence.claims_sql().release, params),
+            client.batch_execute("COMMIT"),
+        );
+        begun.and(released.map(drop)).and(committed).map_err(StoreError::log)
+    }
+
+    async fn open(self) -> Result<ClaimSession, StoreError> {
+        let (client, mut connection) = self.config.connect(NoTls).await.map_err(StoreError::log)?;
+        let (sender, events) = mpsc::unbounded_channel();
+        // The connection is driven here, so that notifications reach `events`;
+        // when it ends, `sender` drops and the keeper opens another session.
+        tokio::spawn(async move {
+            let ended = poll_fn(|cx| {
+                loop {
+                    match connection.poll_message(cx) {
+                        Poll::Ready(Some(Ok(AsyncMessage::Notification(note)))) => {
+                            if let Some(event) = parse(note.payload()) {
+                                let _ = sender.send(event);
+                            }
+                        }
+                        Poll::Ready(Some(Ok(_))) => {}
+                        Poll::Ready(Some(Err(error))) => return Poll::Ready(Err(error)),
+                        Poll::Ready(None) => return Poll::Ready(Ok(())),
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+            })
+            .await;
+            if let Err(error) = ended {
+                tracing::warn!(%error, "claims: the background session's connection ended");
+            }
+        });
+        let channel = &self.fence.claims_sql().channel;
+        client
+            .batch_execute(&format!(
+                "SET default_transaction_isolation = 'read committed';
+                 SET lock_timeout = '{LOCK_TIMEOUT}';
+                 LISTEN {channel}"
+            ))
+            .await
+            .map_err(StoreError::log)?;
+        let renewer = Renewer { client: Arc::new(client), fence: self.fence.clone() };
+        Ok(ClaimSession { renewer: Box::new(renewer), events })
+    }
+}
+
+impl ClaimBackend for PgClaims {
+    fn claim(&self, request: ClaimRequest<'_>) -> BoxFuture<'static, Result<ClaimReply, StoreError>> {
+        let ClaimRequest { replica, key, token, term, grant } = request;
+        Box::pin(self.clone().claim(key.to_owned(), replica.to_owned(), token, grant, term))
+    }
+
+    fn release(&self, replica: &str, key: &str, grant: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+        Box::pin(self.clone().release(key.to_owned(), replica.to_owned(), grant))
+    }
+
+    fn open_session(&self) -> BoxFuture<'static, Result<ClaimSession, StoreError>> {
+        Box::pin(self.clone().open())
+    }
+}
+
+struct Renewer {
+    client: Arc<Client>,
+    fence: PgFence,
+}
+
+impl ClaimRenewer for Renewer {
+    fn renew(
+        &self,
+        replica: &str,
+        held: Vec<(String, u64)>,
+        term: Duration,
+    ) -> BoxFuture<'static, Result<Vec<Renewed>, StoreError>> {
+        let (client, fence, replica) = (Arc::clone(&self.client), self.fence.clone(), replica.to_owned());
+        Box::pin(async move {
+            let (keys, grants): (Vec<String>, Vec<i64>) =
+                held.into_iter().map(|(key, grant)| (key, i64::try_from(grant).unwrap_or(i64::MAX))).unzip();
+            let seconds = term.as_secs_f64();
+            let params: Params<'_> = &[
+                (&replica, Type::TEXT),
+                (&keys, Type::TEXT_ARRAY),
+                (&grants, Type::INT8_ARRAY),
+                (&seconds, Type::FLOAT8),
+            ];
+            let rows =
+                client.query_typed(&fence.claims_sql().renew, params).await.map_err(StoreError::log)?;
+            rows.into_iter()
+                .map(|row| {
+                    Ok(Renewed {
+                        key: row.try_get(0)?,
+                        grant: u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or(0),
+                        token: from_wire(row.try_get(2)?),
+                        mark: from_wire(row.try_get(3)?),
+                    })
+                })
+                .collect::<Result<_, tokio_postgres::Error>>()
+                .map_err(StoreError::log)
+        })
+    }
+}
+
+/// `r <token> <key>` (a raise) or `l <token> <key>` (a release).
+fn parse(payload: &str) -> Option<ClaimEvent> {
+    let (kind, rest) = payload.split_once(' ')?;
+    let (token, key) = rest.split_once(' ')?;
+    let (key, token) = (key.to_owned(), token.parse().ok()?);
+    match kind {
+        "r" => Some(ClaimEvent::Raised { key, token }),
+        "l" => Some(ClaimEvent::Released { key, token }),
+        _ => None,
+    }
+}
+
+/// Errors that mean "someone else holds it right now".
+fn is_transient(error: &tokio_postgres::Error) -> bool {
+    error.code().is_some_and(|code| {
+        [SqlState::LOCK_NOT_AVAILABLE, SqlState::T_R_DEADLOCK_DETECTED, SqlState::T_R_SERIALIZATION_FAILURE]
+            .contains(code)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse;
+    use fencing_layer::claims::ClaimEvent;
+
+    #[test]
+    fn notifications_parse_with_spaces_in_the_key() {
+        assert_eq!(parse("r 7 /a b"), Some(ClaimEvent::Raised { key: "/a b".into(), token: 7 }));
+        assert_eq!(
+            parse("l 18446744073709551615 k"),
+            Some(ClaimEvent::Released { key: "k".into(), token: u64::MAX })
+        );
+        assert_eq!(parse("x 1 k"), None);
+        assert_eq!(parse("r -1 k"), None);
+        assert_eq!(parse("r 1"), None);
+    }
+}

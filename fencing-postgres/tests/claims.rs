@@ -1,0 +1,261 @@
+//! Replica claims when database sessions die: a handler longer than the claim
+//! term, a stalled network, a terminated session, a restarted server, a raise
+//! storm with clients cutting off, and the two ways of fencing refusing each
+//! other's keys. Each replica is a real axum server; one probe records every
+//! handler's entry and exit in one order, and the order is checked.
+//!
+//! Restarts and terminations run on a PostgreSQL server of the test's own
+//! (`common::own_pg`), never the shared one.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::own_pg::OwnPg;
+use common::replicas::{Probe, Replica};
+use common::stall::StallProxy;
+use common::{BOUND, Rng, TestDb};
+use fencing_layer::FencingLayer;
+use fencing_layer::claims::ClaimTiming;
+use fencing_postgres::{FenceError, PgFence, PoolLimits};
+use tokio::time::Instant;
+
+/// Short claims, so that expiries happen within a test: valid 800 ms after a
+/// renewal is sent, renewed every 200 ms, expiring 1 s after it is written.
+fn short() -> ClaimTiming {
+    ClaimTiming {
+        term: Duration::from_secs(1),
+        renew_every: Duration::from_millis(200),
+        margin: Duration::from_millis(200),
+    }
+}
+
+fn drain(bound: Duration) -> FencingLayer {
+    FencingLayer::new().drain_timeout(bound)
+}
+
+/// The position of `event` in the probe's order.
+fn at(probe: &Probe, event: (u64, u64, bool)) -> usize {
+    let events = probe.events();
+    events.iter().position(|e| *e == event).unwrap_or_else(|| panic!("{event:?} never happened: {events:?}"))
+}
+
+/// `config`'s database on 127.0.0.1:`port`, its sessions named `name` in `pg_stat_activity`.
+fn with_port(config: tokio_postgres::Config, port: u16, name: &str) -> tokio_postgres::Config {
+    let mut named = tokio_postgres::Config::new();
+    named.host("127.0.0.1").port(port).user(config.get_user().unwrap_or("postgres"));
+    named.dbname(config.get_dbname().unwrap_or("postgres")).application_name(name);
+    named.connect_timeout(Duration::from_secs(3));
+    named
+}
+
+fn port_of(config: &tokio_postgres::Config) -> u16 {
+    config.get_ports().first().copied().unwrap_or(5432)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_handler_longer_than_the_term_keeps_its_claim_and_the_raise_waits() {
+    let Some(db) = TestDb::create().await else { return };
+    let probe = Probe::default();
+    let limits = PoolLimits::default();
+    let one = Arc::new(Replica::with_timing(&probe, db.config(), drain(BOUND), limits, short()).await);
+    let two = Arc::new(Replica::with_timing(&probe, db.config(), drain(BOUND), limits, short()).await);
+    probe.hold(1);
+    let slow = one.spawn_post(1, 1);
+    probe.wait_inside(1, 1, 1).await;
+    let raise = two.spawn_post(1, 2);
+    // Three terms: the claim is renewed all along, so the raise is still waiting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!raise.is_finished(), "token 2 got an answer while token 1 was inside");
+    probe.release(1);
+    assert_eq!(slow.await.unwrap().0, 200, "the long handler was stopped though its claim was renewed");
+    assert_eq!(raise.await.unwrap().0, 200);
+    assert!(at(&probe, (1, 1, false)) < at(&probe, (1, 2, true)));
+    probe.assert_invariants();
+}
+
+/// The network to one replica's database stalls (no reset: the driver sees
+/// nothing). Its renewals stop arriving; before its claim can expire in the
+/// database, it stops its own request (503 claim-lost); the raise on the other
+/// replica gets in only after that, once the claim has expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_replica_stops_its_requests_before_its_claim_expires() {
+    let Some(db) = TestDb::create().await else { return };
+    let proxy = StallProxy::start(([127, 0, 0, 1], port_of(&db.config())).into()).await;
+    let probe = Probe::default();
+    let limits = PoolLimits { wait: Duration::from_millis(500), ..PoolLimits::default() };
+    let via_proxy = with_port(db.config(), proxy.addr.port(), "stalled");
+    let one = Arc::new(Replica::with_timing(&probe, via_proxy, drain(BOUND), limits, short()).await);
+    let two = Arc::new(Replica::with_timing(&probe, db.config(), drain(BOUND), limits, short()).await);
+    probe.hold(1);
+    let stalled = one.spawn_post(1, 1);
+    probe.wait_inside(1, 1, 1).await;
+    let since = Instant::now();
+    proxy.stall();
+    let raise = two.spawn_post(1, 2);
+    let (status, problem) = stalled.await.unwrap();
+    let stopped_after = since.elapsed();
+    assert_eq!(status, 503, "{problem}");
+    assert_eq!(problem["type"], "urn:fencing:problem:claim-lost");
+    assert!(stopped_after < Duration::from_secs(1), "stopped only after {stopped_after:?}");
+    assert_eq!(raise.await.unwrap().0, 200);
+    assert!(at(&probe, (1, 1, false)) < at(&probe, (1, 2, true)), "{:?}", probe.events());
+    probe.assert_invariants();
+    proxy.resume();
+}
+
+/// Every session of one replica is terminated (`pg_terminate_backend`) while
+/// its request is inside: it opens a new session and renews its claim, and the
+/// raise waits for the request to leave.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_terminated_session_does_not_free_the_claim() {
+    let Some(pg) = OwnPg::start() else { return };
+    let probe = Probe::default();
+    let config = with_port(pg.config(), pg.port, "replica-one");
+    let one =
+        Arc::new(Replica::with_timing(&probe, config, drain(BOUND), PoolLimits::default(), short()).await);
+    let two = Arc::new(
+        Replica::with_timing(&probe, pg.config(), drain(BOUND), PoolLimits::default(), short()).await,
+    );
+    probe.hold(1);
+    let held = one.spawn_post(1, 1);
+    probe.wait_inside(1, 1, 1).await;
+    let admin = common::connect_to(&pg.config()).await;
+    let killed: i64 = admin
+        .query_one(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'replica-one'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed >= 1, "no session of replica one was found");
+    let raise = two.spawn_post(1, 2);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!raise.is_finished(), "token 2 got an answer while token 1 was inside");
+    probe.release(1);
+    assert_eq!(held.await.unwrap().0, 200);
+    assert_eq!(raise.await.unwrap().0, 200);
+    assert!(at(&probe, (1, 1, false)) < at(&probe, (1, 2, true)));
+    probe.assert_invariants();
+}
+
+/// The database restarts (every session ends) under a load of raises, equal
+/// and stale tokens routed at random over two replicas. Requests may get 503
+/// while it is down; the order of entries and exits keeps both invariants, and
+/// the marks survive the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_database_restart_under_load_lets_no_token_overlap() {
+    let Some(pg) = OwnPg::start() else { return };
+    let probe = Probe::jittery();
+    let limits = PoolLimits { wait: Duration::from_secs(1), ..PoolLimits::default() };
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let replica =
+            Replica::with_timing(&probe, pg.config(), drain(Duration::from_secs(3)), limits, short());
+        replicas.push(Arc::new(replica.await));
+    }
+    let stop = Instant::now() + Duration::from_secs(4);
+    let mut rng = Rng::from_clock();
+    let mut tasks = Vec::new();
+    for worker in 0..8_u64 {
+        let (replicas, mut rng) = (replicas.clone(), rng.fork());
+        tasks.push(tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            let mut round = 0;
+            while Instant::now() < stop {
+                let token = round / 10 + rng.below(2) + worker % 2;
+                statuses.push(replicas[rng.below(2) as usize].post(rng.below(2), token).await.0);
+                round += 1;
+            }
+            statuses
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let restart = tokio::task::spawn_blocking(move || {
+        pg.restart();
+        pg
+    });
+    let pg = restart.await.unwrap();
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.extend(task.await.unwrap());
+    }
+    assert!(statuses.iter().all(|s| [200, 409, 503].contains(s)), "{statuses:?}");
+    assert!(statuses.iter().filter(|s| **s == 200).count() > 20, "{statuses:?}");
+    probe.assert_invariants();
+    // Every admitted token is at most the key's mark after the restart.
+    let admin = common::connect_to(&pg.config()).await;
+    for key in 0..2_u64 {
+        let admitted = probe.events().iter().filter(|e| e.0 == key && e.2).map(|e| e.1).max();
+        let mark = common::mark(&admin, &format!("/r/{key}")).await.map(|m| m.parse::<u64>().unwrap());
+        assert!(admitted <= mark, "key {key}: admitted {admitted:?} but the mark is {mark:?}");
+    }
+}
+
+/// Thirty raises whose clients give up after 40 ms, while a lower token is
+/// inside: within a second, the database holds no more sessions of the replica
+/// than its pool and its one background session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_raise_storm_cut_off_by_its_clients_leaves_no_sessions_behind() {
+    let Some(db) = TestDb::create().await else { return };
+    let probe = Probe::default();
+    let limits = PoolLimits { max_size: 4, ..PoolLimits::default() };
+    let config = with_port(db.config(), port_of(&db.config()), "storm");
+    let one = Arc::new(Replica::with_timing(&probe, config, drain(BOUND), limits, short()).await);
+    probe.hold(1);
+    let held = one.spawn_post(1, 1);
+    probe.wait_inside(1, 1, 1).await;
+    let client = reqwest::Client::builder().timeout(Duration::from_millis(40)).build().unwrap();
+    for token in 2..32_u64 {
+        let cut = client.post(format!("{}/r/1", one.url)).header("fencing-token", token).send().await;
+        assert!(cut.is_err(), "token {token} was answered while token 1 was inside");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let admin = db.connect().await;
+    let sessions: i64 = admin
+        .query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'storm'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(sessions <= 5, "{sessions} sessions of a replica with a pool of 4");
+    let waiting: i64 = admin
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'storm' AND wait_event_type = 'Lock'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(waiting, 0, "sessions still wait on locks for clients that left");
+    probe.release(1);
+    assert_eq!(held.await.unwrap().0, 200);
+    assert_eq!(one.post(1, 31).await.0, 200);
+    probe.assert_invariants();
+}
+
+/// A key fenced through the shared store refuses `PgFence::fence`, and a key
+/// fenced in a transaction refuses the shared store: never silently neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_two_ways_of_fencing_refuse_each_others_keys() {
+    let Some(db) = TestDb::create().await else { return };
+    let probe = Probe::default();
+    let one = Replica::with_timing(&probe, db.config(), drain(BOUND), PoolLimits::default(), short()).await;
+    assert_eq!(one.post(1, 5).await.0, 200);
+    let fence = PgFence::new();
+    let mut client = db.connect().await;
+    let tx = client.transaction().await.unwrap();
+    match fence.fence(&tx, "/r/1", 6).await {
+        Err(FenceError::FencedByClaims { key }) => assert_eq!(key, "/r/1"),
+        other => panic!("expected FencedByClaims, got {other:?}"),
+    }
+    drop(tx);
+    let tx = client.transaction().await.unwrap();
+    fence.fence(&tx, "/r/2", 3).await.unwrap();
+    tx.commit().await.unwrap();
+    let (status, problem) = one.post(2, 4).await;
+    assert_eq!(status, 400, "{problem}");
+    assert!(problem["detail"].as_str().unwrap().contains("fenced in-transaction"), "{problem}");
+    assert_eq!(common::mark(&db.connect().await, "/r/2").await.as_deref(), Some("3"), "the mark moved");
+}

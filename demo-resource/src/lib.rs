@@ -88,9 +88,11 @@
 
 mod admin;
 mod backend;
+pub mod billing;
 mod http;
 mod marks;
 mod metrics;
+pub mod payments;
 mod postgres;
 pub mod scenario;
 mod store;

@@ -8,9 +8,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use serde_json::json;
+use serde::Serialize;
 
-use super::ledger::{ChargeParams, Claim, Ledger, Saved};
+use super::ledger::{Charge, ChargeParams, Claim, Ledger, Saved};
 use super::{MAX_AMOUNT, MAX_CHARGE_BODY_BYTES, MAX_KEY_CHARS, REPLAYED_HEADER};
 use crate::http::{Problem, parse_delay};
 
@@ -47,15 +47,14 @@ async fn create(
         tokio::time::sleep(delay).await;
         let charge = ledger.charge(&params);
         tracing::info!(id = charge.id, customer = charge.customer, "charged (no idempotency key)");
-        return Ok(json_answer(StatusCode::CREATED, json!(charge).to_string(), false));
+        return Ok(json_answer(StatusCode::CREATED, to_json(&charge), false));
     };
     match ledger.claim(&key, &params) {
         Claim::Run(guard) => {
             // A slow provider: the key is held meanwhile; if the client goes away
             // now, the guard frees it and nothing is charged.
             tokio::time::sleep(delay).await;
-            let saved =
-                guard.charge(&params, |charge| Saved { status: 201, body: json!(charge).to_string() });
+            let saved = guard.charge(&params, |charge| Saved { status: 201, body: to_json(charge) });
             tracing::info!(key, customer = params.customer, "charged");
             Ok(json_answer(StatusCode::CREATED, saved.body, false))
         }
@@ -79,6 +78,12 @@ async fn create(
             .detail("the idempotency table is full; retry later")
             .retry_after(1)),
     }
+}
+
+/// A charge as JSON, fields in their declared order.
+fn to_json(charge: &Charge) -> String {
+    // A struct of strings and numbers always serializes.
+    serde_json::to_string(charge).unwrap_or_default()
 }
 
 fn json_answer(status: StatusCode, body: String, replayed: bool) -> Response {
@@ -149,6 +154,12 @@ async fn charge_params(headers: &HeaderMap, body: Body) -> Result<ChargeParams, 
     Ok(params)
 }
 
+/// `GET /v1/charges`'s answer.
+#[derive(Serialize)]
+struct List {
+    data: Vec<Charge>,
+}
+
 /// `GET /v1/charges[?customer=C]`: `{"data":[charge…]}`, oldest first.
 async fn list(State(ledger): State<Ledger>, RawQuery(query): RawQuery) -> Answer {
     let mut customer = None;
@@ -165,7 +176,7 @@ async fn list(State(ledger): State<Ledger>, RawQuery(query): RawQuery) -> Answer
     if let Some(customer) = customer {
         charges.retain(|charge| charge.customer == customer);
     }
-    Ok(axum::Json(json!({ "data": charges })).into_response())
+    Ok(axum::Json(List { data: charges }).into_response())
 }
 
 /// `GET /v1/charges/{id}`.

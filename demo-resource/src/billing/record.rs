@@ -182,10 +182,13 @@ fn as_i64(token: u64) -> Result<i64, BillingError> {
     i64::try_from(token).map_err(|_| BillingError(format!("token {token} does not fit PostgreSQL's bigint")))
 }
 
-/// A database of the scenario's own on the server at `admin` (created, then dropped by [`TempDb::drop_now`]).
+/// A database of the scenario's own on the server at `admin`: created by
+/// [`TempDb::create`], dropped by [`TempDb::drop_now`], or, if that never ran (a
+/// panic), on drop.
 pub(super) struct TempDb {
-    admin: Client,
+    admin_config: Config,
     name: String,
+    dropped: bool,
     /// The new database's connection settings.
     pub(super) config: Config,
 }
@@ -194,10 +197,9 @@ impl TempDb {
     pub(super) async fn create(admin_url: &str, name: &str) -> Result<Self, BillingError> {
         let admin_config: Config =
             admin_url.parse().map_err(|e| BillingError(format!("PostgreSQL URL {admin_url:?}: {e}")))?;
-        let (admin, connection) = admin_config.connect(NoTls).await.map_err(|e| {
+        let admin = admin(&admin_config).await.map_err(|e| {
             BillingError(format!("PostgreSQL at {admin_url} (the run's record lives there): {e}"))
         })?;
-        tokio::spawn(connection);
         admin
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .await
@@ -206,14 +208,48 @@ impl TempDb {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .map_err(|e| db("create database", e))?;
-        let mut config = admin_config;
+        let mut config = admin_config.clone();
         config.dbname(name);
-        Ok(Self { admin, name: name.to_owned(), config })
+        Ok(Self { admin_config, name: name.to_owned(), dropped: false, config })
     }
 
     /// Drops the database, closing the connections still open to it.
-    pub(super) async fn drop_now(self) -> Result<(), BillingError> {
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        self.admin.batch_execute(&sql).await.map_err(|e| db("drop database", e))
+    pub(super) async fn drop_now(mut self) -> Result<(), BillingError> {
+        self.dropped = true;
+        let admin = admin(&self.admin_config).await.map_err(|e| db("connect", e))?;
+        admin.batch_execute(&self.drop_sql()).await.map_err(|e| db("drop database", e))
     }
+
+    fn drop_sql(&self) -> String {
+        format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name)
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        if self.dropped {
+            return;
+        }
+        // Drop cannot await, and may run inside a runtime: a thread with a runtime of
+        // its own does the work, bounded.
+        let (config, sql) = (self.admin_config.clone(), self.drop_sql());
+        let dropped = std::thread::spawn(move || -> Result<(), String> {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            runtime.map_err(|e| e.to_string())?.block_on(async {
+                let work = async { admin(&config).await?.batch_execute(&sql).await };
+                let done = tokio::time::timeout(std::time::Duration::from_secs(20), work).await;
+                done.map_err(|_| "timed out".to_owned())?.map_err(|e| e.to_string())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            tracing::warn!(database = self.name, ?dropped, "could not drop the scenario's database");
+        }
+    }
+}
+
+async fn admin(config: &Config) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(connection);
+    Ok(client)
 }

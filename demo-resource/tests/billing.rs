@@ -132,6 +132,11 @@ async fn the_rounds_have_the_three_outcomes() {
     assert!(a3.len() == 1 && b3.len() == 1, "{keyed:?}");
     assert!(a3[0].replayed && !b3[0].replayed, "{keyed:?}");
     assert_eq!(a3[0].charge_id, b3[0].charge_id);
+    // The key names (run, customer), not the holder: both sent the same one.
+    let key = fencing_client::IdempotencyKey::for_operation(&keyed.run, "charge:cus_3").to_string();
+    assert_eq!(a3[0].idempotency_key.as_deref(), Some(key.as_str()));
+    assert_eq!(b3[0].idempotency_key.as_deref(), Some(key.as_str()));
+    assert!(after_mark.a.charges.iter().chain(&after_mark.b.charges).all(|a| a.idempotency_key.is_none()));
 
     assert_eq!(report.problems(), Vec::<String>::new());
     // The check is not vacuous: the unfenced outcome where the key should have held is flagged.
@@ -144,6 +149,15 @@ async fn the_rounds_have_the_three_outcomes() {
         problems[0].contains("charges per customer [1, 1, 1, 1, 1] (got [1, 1, 2, 2, 2])"),
         "{problems:?}"
     );
+
+    // Keys that differ between the holders (a key made from the token, say) are flagged too.
+    let mut broken = report.clone();
+    let a_cus_3 = broken.rounds[3].a.charges.iter_mut().find(|a| a.customer == "cus_3").unwrap();
+    a_cus_3.idempotency_key =
+        Some(fencing_client::IdempotencyKey::for_operation("7", "charge:cus_3").to_string());
+    let problems = broken.problems();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("both instances send cus_3's charge with one key"), "{problems:?}");
 
     let printed = report.to_string();
     let lines: Vec<&str> = printed.lines().collect();
@@ -160,7 +174,13 @@ async fn the_rounds_have_the_three_outcomes() {
     assert!(lines[10].starts_with(
         "fenced record + idempotency key, A paused between marking cus_3 and charging it: 5 charges"
     ));
-    assert!(lines[12].contains("was answered with ch_000003, a replay: no money moved"), "{printed}");
+    assert!(
+        lines[12].contains(&format!(
+            "(Idempotency-Key {}…, as B's) was answered with ch_000003, a replay: no money moved",
+            &key[..12]
+        )),
+        "{printed}"
+    );
 
     // The picture names the doubles and the refusals.
     let svg = report.timeline().to_svg();

@@ -165,5 +165,9 @@ async fn charge(
         charge_id: charge.id.clone(),
         replayed,
     });
-    Ok(Attempt { customer: customer.to_owned(), charge_id: charge.id, replayed })
+    let idempotency_key = match fenced {
+        Some((operation, true)) => Some(operation.key().to_string()),
+        _ => None,
+    };
+    Ok(Attempt { customer: customer.to_owned(), charge_id: charge.id, replayed, idempotency_key })
 }

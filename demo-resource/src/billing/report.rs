@@ -16,6 +16,8 @@ pub struct Attempt {
     pub charge_id: String,
     /// The answer was a replay of an earlier one (same idempotency key): no money moved.
     pub replayed: bool,
+    /// The `Idempotency-Key` it carried, if any.
+    pub idempotency_key: Option<String>,
 }
 
 /// Why an instance stopped before the end of its job.
@@ -171,18 +173,32 @@ impl Round {
             problems.push(format!("{name}: A is refused for B's token {} (got {highest})", self.b.token));
         }
         if self.protection == Protection::RecordAndKey {
-            // Whoever asked, a customer's every answer names the one charge made.
+            // Whoever asked, a customer's every request carried one key, and every answer names one charge.
+            let mut keys = Vec::new();
             for customer in &self.customers {
-                let ids: Vec<&str> = [&self.a, &self.b]
+                let attempts: Vec<&Attempt> = [&self.a, &self.b]
                     .iter()
                     .flat_map(|i| &i.charges)
                     .filter(|attempt| attempt.customer == *customer)
-                    .map(|attempt| attempt.charge_id.as_str())
                     .collect();
+                let ids: Vec<&str> = attempts.iter().map(|attempt| attempt.charge_id.as_str()).collect();
                 if ids.windows(2).any(|pair| pair[0] != pair[1]) {
                     problems
                         .push(format!("{name}: every answer for {customer} names one charge (got {ids:?})"));
                 }
+                let customer_keys: Vec<Option<&str>> =
+                    attempts.iter().map(|attempt| attempt.idempotency_key.as_deref()).collect();
+                if customer_keys.iter().any(Option::is_none) || customer_keys.windows(2).any(|p| p[0] != p[1])
+                {
+                    problems.push(format!(
+                        "{name}: both instances send {customer}'s charge with one key (got {customer_keys:?})"
+                    ));
+                }
+                keys.extend(customer_keys.first().copied().flatten());
+            }
+            let distinct: std::collections::BTreeSet<&str> = keys.iter().copied().collect();
+            if distinct.len() != keys.len() {
+                problems.push(format!("{name}: each customer's charge has a key of its own (got {keys:?})"));
             }
         }
         problems
@@ -288,9 +304,11 @@ fn write_round(f: &mut fmt::Formatter<'_>, round: &Round) -> fmt::Result {
         Some(Stopped::RecordRefused { customer, highest }) => {
             let attempt = a.charges.iter().rev().find(|attempt| attempt.customer == *customer);
             let call = match attempt {
-                Some(Attempt { charge_id, replayed: true, .. }) => {
+                Some(Attempt { charge_id, replayed: true, idempotency_key, .. }) => {
+                    let key = idempotency_key.as_deref().unwrap_or_default();
+                    let key = key.get(..12).unwrap_or(key);
                     format!(
-                        "its charge of {customer} was answered with {charge_id}, a replay: no money moved"
+                        "its charge of {customer} (Idempotency-Key {key}…, as B's) was answered with {charge_id}, a replay: no money moved"
                     )
                 }
                 Some(Attempt { charge_id, .. }) => {

@@ -97,6 +97,12 @@ impl Provider {
         self.ledger.charges()
     }
 
+    /// How many requests with an `Idempotency-Key` are running now: their key is
+    /// held (a duplicate gets 409) and nothing is charged yet.
+    pub fn keys_in_progress(&self) -> usize {
+        self.ledger.running()
+    }
+
     /// The routes in the table above.
     pub fn router(&self) -> axum::Router {
         routes::router(self.ledger.clone())

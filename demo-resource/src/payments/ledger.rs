@@ -98,6 +98,11 @@ impl Ledger {
         self.lock().charges.clone()
     }
 
+    /// How many requests with a key are running now (claimed, not yet charged).
+    pub(crate) fn running(&self) -> usize {
+        self.lock().keys.values().filter(|slot| matches!(slot, Slot::Running(_))).count()
+    }
+
     /// Makes a charge (no idempotency key): money moves every time.
     pub(crate) fn charge(&self, params: &ChargeParams) -> Charge {
         make(&mut self.lock(), params)

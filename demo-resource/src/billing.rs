@@ -252,10 +252,12 @@ impl Scenario {
         let a = client.acquire(LOCK, "A", self.options.ttl).await.map_err(|e| fail("A takes the lock", e))?;
         history.note(Event::Granted { holder: Holder::A, token: a.token });
         let (a_pause, control) = Pause::new(pause);
-        let a_job = tokio::spawn(job::run(job.clone(), a_record, Holder::A, a.token, Some(a_pause)));
+        // Aborted if this round fails early: a paused A must not wake up into the next round.
+        let mut a_job =
+            AbortOnDrop(tokio::spawn(job::run(job.clone(), a_record, Holder::A, a.token, Some(a_pause))));
         if bounded("A reaches its pause", control.reached).await?.is_err() {
             // A ended without pausing: its own error says why.
-            let ended = bounded("A ends", a_job).await?.map_err(|e| fail("A's job", e))?;
+            let ended = bounded("A ends", &mut a_job.0).await?.map_err(|e| fail("A's job", e))?;
             return Err(BillingError(format!("A never reached its pause point: {:?}", ended.err())));
         }
 
@@ -279,7 +281,7 @@ impl Scenario {
 
         // A wakes up, still believing it holds the lock, and carries on.
         let _ = control.resume.send(());
-        let a = bounded("A's job", a_job).await?.map_err(|e| fail("A's job", e))??;
+        let a = bounded("A's job", &mut a_job.0).await?.map_err(|e| fail("A's job", e))??;
         history.note(Event::RoundEnded(index));
         let charges = provider.provider().charges();
         provider.shutdown().await.map_err(|e| fail("provider shutdown", e))?;
@@ -319,6 +321,15 @@ impl Scenario {
             rounds,
             history: self.history.take(),
         })
+    }
+}
+
+/// A task aborted when dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 

@@ -85,12 +85,20 @@
 //!
 //! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it,
 //! and with `--timeline FILE.svg` draws it with [`timeline`].
+//!
+//! [`billing::run`] is the seed's second failure: a billing job on a Redis lock
+//! charging customers twice through [`payments`], a payment-provider stand-in that
+//! deduplicates by `Idempotency-Key` and cannot check tokens; then the fixes, a
+//! per-run record fenced with the token and idempotency keys
+//! (`demo-resource scenario billing`, docs/billing.md).
 
 mod admin;
 mod backend;
+pub mod billing;
 mod http;
 mod marks;
 mod metrics;
+pub mod payments;
 mod postgres;
 pub mod scenario;
 mod store;

@@ -30,6 +30,15 @@
 //!   and `--lock-backend zookeeper --zookeeper HOST:PORT`. `--timeline FILE.svg` also
 //!   draws the three rounds on one time axis (grants, leases, the pause, each write's
 //!   token and outcome, the resource's mark).
+//! * `demo-resource scenario billing [--timeline FILE.svg]` runs the seed's second
+//!   failure: a billing job on a Redis lock (`--redis-url`, default
+//!   127.0.0.1:6379; a private `redis-server` when none answers) charging
+//!   customers through the payment stand-in, unfenced, with a fenced per-run record
+//!   in PostgreSQL (`--postgres-url`), and with the record and idempotency keys
+//!   (docs/billing.md). Non-zero exit if an outcome differs from the prediction.
+//! * `demo-resource payments --listen 127.0.0.1:8090` serves the payment-provider
+//!   stand-in (`POST /v1/charges` with `Idempotency-Key`; see the `payments` module);
+//!   prints `listening on ADDR`.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,7 +46,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use demo_lock_service::shutdown_signal;
-use demo_resource::{Config, ResetError, Resource, StoppedMarks, Storage, scenario};
+use demo_resource::{Config, ResetError, Resource, StoppedMarks, Storage, billing, scenario};
 use fencing_layer::ProofPublicKey;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -59,10 +68,55 @@ enum Command {
     Marks(MarksArgs),
     /// Run the seed's scenario (resources and, by default, the lock service in-process) and print the outcomes.
     Scenario(ScenarioArgs),
+    /// Serve the payment-provider stand-in: charges, deduplicated by `Idempotency-Key`.
+    Payments(PaymentsArgs),
 }
 
 #[derive(Debug, Args)]
+struct PaymentsArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    listen: SocketAddr,
+}
+
+#[derive(Debug, Subcommand)]
+enum ScenarioCommand {
+    /// The seed's second failure: a billing job on a Redis lock charges customers twice;
+    /// a fenced per-run record, then idempotency keys, fix it.
+    Billing(BillingArgs),
+}
+
+#[derive(Debug, Args)]
+struct BillingArgs {
+    /// The Redis holding the lock; when none answers there, a private redis-server is
+    /// started on an ephemeral loopback port (needs `redis-server` on PATH).
+    #[arg(long, value_name = "URL", default_value = "redis://127.0.0.1:6379")]
+    redis_url: String,
+    /// A PostgreSQL database to connect to; the runs' record goes into a new database
+    /// of the scenario's own on that server, dropped at the end.
+    #[arg(
+        long,
+        value_name = "URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/postgres?connect_timeout=3"
+    )]
+    postgres_url: String,
+    /// How many customers the job charges.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(2..=50))]
+    customers: u16,
+    /// A's lock TTL in milliseconds (`PX`); A is paused past it.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(10..=10_000))]
+    ttl_ms: u64,
+    /// Also draw the rounds on one time axis, as an SVG picture written to FILE.
+    #[arg(long, value_name = "FILE.svg")]
+    timeline: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 struct ScenarioArgs {
+    /// Another scenario than the seed's first (the default).
+    #[command(subcommand)]
+    which: Option<ScenarioCommand>,
     /// Where the fencing tokens come from: the demo lock service (in-process), etcd,
     /// PostgreSQL, Redis or ZooKeeper.
     #[arg(long, value_enum, default_value_t = LockBackendArg::Demo)]
@@ -182,6 +236,7 @@ async fn main() -> ExitCode {
         Command::Marks(_) => "warn",
         // The scenario's output is the report; the layer's rejections would only repeat it.
         Command::Scenario(_) => "warn",
+        Command::Payments(_) => "info",
     };
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter)))
@@ -203,7 +258,17 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        Command::Scenario(ScenarioArgs { which: Some(ScenarioCommand::Billing(args)), .. }) => {
+            run_billing(args).await
+        }
         Command::Scenario(args) => run_scenario(args).await,
+        Command::Payments(args) => match payments(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("demo-resource payments: {e}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }
 
@@ -383,6 +448,51 @@ async fn run_scenario(args: ScenarioArgs) -> ExitCode {
     }
     for problem in problems {
         eprintln!("unexpected outcome: expected that {problem}");
+    }
+    ExitCode::FAILURE
+}
+
+/// `demo-resource payments`: the payment-provider stand-in until Ctrl-C or SIGTERM.
+async fn payments(args: PaymentsArgs) -> Result<(), Box<dyn std::error::Error>> {
+    let listener =
+        TcpListener::bind(args.listen).await.map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = listener.local_addr()?;
+    tracing::info!(%addr, pid = std::process::id(), "payment provider stand-in listening");
+    println!("listening on {addr}");
+    let router = demo_resource::payments::Provider::default().router();
+    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn run_billing(args: BillingArgs) -> ExitCode {
+    let options = billing::Options {
+        redis_url: args.redis_url,
+        postgres_url: args.postgres_url,
+        customers: usize::from(args.customers),
+        ttl: std::time::Duration::from_millis(args.ttl_ms),
+    };
+    let report = match billing::run(&options).await {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("billing scenario failed to run: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    print!("{report}");
+    if let Some(path) = &args.timeline {
+        if let Err(e) = std::fs::write(path, report.timeline().to_svg()) {
+            eprintln!("cannot write the timeline to {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("timeline: {}", path.display());
+    }
+    let problems = report.problems();
+    if problems.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    for problem in problems {
+        eprintln!("unexpected outcome: expected {problem}");
     }
     ExitCode::FAILURE
 }

@@ -25,6 +25,7 @@
 mod layout;
 mod svg;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// A lane (one actor's row), as returned by [`Timeline::lane`].
@@ -133,6 +134,16 @@ pub struct Timeline {
     bars: Vec<Bar>,
     points: Vec<Point>,
     scale: Scale,
+    /// The legend's words where they are not the defaults.
+    words: Words,
+}
+
+/// Legend words that replace the defaults.
+#[derive(Debug, Clone, Default)]
+struct Words {
+    bars: BTreeMap<BarKind, String>,
+    tones: BTreeMap<Tone, String>,
+    flag: Option<String>,
 }
 
 impl Timeline {
@@ -146,6 +157,7 @@ impl Timeline {
             bars: Vec::new(),
             points: Vec::new(),
             scale: Scale::default(),
+            words: Words::default(),
         }
     }
 
@@ -158,6 +170,25 @@ impl Timeline {
     /// How time becomes distance (default: [`Scale::default`]).
     pub fn scale(&mut self, scale: Scale) -> &mut Self {
         self.scale = scale;
+        self
+    }
+
+    /// The legend's words for bars of `kind`, instead of the default ones
+    /// (which speak of a fenced resource: "the resource's mark").
+    pub fn bar_legend(&mut self, kind: BarKind, words: impl Into<String>) -> &mut Self {
+        self.words.bars.insert(kind, words.into());
+        self
+    }
+
+    /// The legend's words for points of `tone`, instead of the default ones.
+    pub fn tone_legend(&mut self, tone: Tone, words: impl Into<String>) -> &mut Self {
+        self.words.tones.insert(tone, words.into());
+        self
+    }
+
+    /// The legend's words for flagged points, instead of "flagged by the checker".
+    pub fn flag_legend(&mut self, words: impl Into<String>) -> &mut Self {
+        self.words.flag = Some(words.into());
         self
     }
 

@@ -339,6 +339,13 @@ impl Lease {
         }
     }
 
+    /// Operation `op` of run `run` under this lease: its token, and the
+    /// operation's idempotency key (the same for every holder), to fence a
+    /// record and then call a resource that cannot check tokens.
+    pub fn operation(&self, run: &str, op: &str) -> crate::FencedOperation {
+        crate::FencedOperation::new(self.grant.token, run, op)
+    }
+
     /// Sets the `fencing-token` metadata of a tonic request to this lease's
     /// token, and `fencing-proof` to the grant's proof when the lock service
     /// signed it (removing any other proof when it did not).

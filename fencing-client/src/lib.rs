@@ -17,6 +17,11 @@
 //!   resource can reject a stale holder. [`Lease::fence`] and
 //!   [`Lease::fence_reqwest`] also send the grant's `Fencing-Proof` when the lock
 //!   service signs its grants.
+//! * [`IdempotencyKey`] and [`FencedOperation`]: for a resource that cannot check
+//!   tokens (a payment provider), a key derived from (run, operation), the same in
+//!   every holder, sent as `Idempotency-Key` beside the token: fence the run's
+//!   record with the token, then make the call with the key ([`FencedOperation`]
+//!   has the whole step as a doctest; docs/billing.md the scenario).
 //! * [`DemoLockVerifier`] and (feature `etcd`) `EtcdVerifier`: the resource's side,
 //!   [`fencing_layer::TokenVerifier`]s that ask the lock backend whether a token
 //!   about to raise a mark is the lock's live grant (Chubby's CheckSequencer).
@@ -43,6 +48,7 @@ mod backend;
 mod demo;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod idempotency;
 mod lease;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -62,6 +68,10 @@ pub use etcd::{DEFAULT_ETCD_PREFIX, EtcdLockClient};
 /// The etcd client crate this backend is built on (for `ConnectOptions`, TLS, ...).
 #[cfg(feature = "etcd")]
 pub use etcd_client;
+pub use idempotency::{
+    FencedOperation, IDEMPOTENCY_KEY_HEADER, IdempotencyKey, idempotency_key_header, idempotent_reqwest,
+    set_idempotency_key,
+};
 pub use lease::{Lease, LeaseOptions, LossReason, Lost};
 #[cfg(feature = "postgres")]
 pub use postgres::{DEFAULT_PG_LOCK_TABLE, PgLockClient};

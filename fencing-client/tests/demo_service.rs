@@ -196,3 +196,29 @@ async fn lease_fences_outgoing_requests() {
     drop(client);
     svc.shutdown().await.unwrap();
 }
+
+/// Two holders of one lock, one after the other: their operations carry their own
+/// tokens and the same idempotency key, so a provider can tell them for one operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn successive_holders_send_their_token_and_the_same_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let svc = start(dir.path()).await;
+    let client = DemoLockClient::new(svc.base_url()).unwrap();
+    let a = client.lease("billing", "A", Duration::from_secs(30)).await.unwrap();
+    let a_op = a.operation("billing-2026-12", "charge:cus_3");
+    a.release().await.unwrap();
+    let b = client.lease("billing", "B", Duration::from_secs(30)).await.unwrap();
+    let b_op = b.operation("billing-2026-12", "charge:cus_3");
+    assert!(b_op.token() > a_op.token());
+    assert_eq!(b_op.token(), b.token());
+    assert_eq!(b_op.key(), a_op.key());
+    assert_ne!(b.operation("billing-2026-12", "charge:cus_4").key(), a_op.key());
+    for (op, lease) in [(&a_op, "A"), (&b_op, "B")] {
+        let built = op.reqwest(reqwest::Client::new().post("http://127.0.0.1:9/v1/charges")).build().unwrap();
+        assert_eq!(built.headers()["fencing-token"], op.token().to_string().as_str(), "{lease}");
+        assert_eq!(built.headers()["idempotency-key"], a_op.key().as_str(), "{lease}");
+    }
+    b.release().await.unwrap();
+    drop(client);
+    svc.shutdown().await.unwrap();
+}

@@ -258,6 +258,21 @@ fn legend_entries(timeline: &Timeline) -> (BTreeSet<BarKind>, BTreeSet<Tone>, bo
     (kinds, tones, timeline.points.iter().any(|point| point.flag.is_some()))
 }
 
+/// The legend's words for a bar: the timeline's own, or the default.
+fn bar_words(timeline: &Timeline, kind: BarKind) -> &str {
+    timeline.words.bars.get(&kind).map_or(bar_style(kind).2, String::as_str)
+}
+
+/// The legend's words for a tone: the timeline's own, or the default.
+fn tone_words(timeline: &Timeline, tone: Tone) -> &str {
+    timeline.words.tones.get(&tone).map_or(tone_style(tone).1, String::as_str)
+}
+
+/// The legend's words for a flag.
+fn flag_words(timeline: &Timeline) -> &str {
+    timeline.words.flag.as_deref().unwrap_or(FLAGGED)
+}
+
 /// The width of one legend entry: swatch, words, space.
 fn entry_width(words: &str) -> f64 {
     23.0 + text_width(words) + 14.0
@@ -266,9 +281,11 @@ fn entry_width(words: &str) -> f64 {
 /// The legend's width, for the page's.
 pub(super) fn legend_width(timeline: &Timeline) -> f64 {
     let (kinds, tones, flagged) = legend_entries(timeline);
-    let words =
-        kinds.into_iter().map(|kind| bar_style(kind).2).chain(tones.into_iter().map(|t| tone_style(t).1));
-    16.0 + words.chain(flagged.then_some(FLAGGED)).map(entry_width).sum::<f64>()
+    let words = kinds
+        .into_iter()
+        .map(|kind| bar_words(timeline, kind))
+        .chain(tones.into_iter().map(|tone| tone_words(timeline, tone)));
+    16.0 + words.chain(flagged.then_some(flag_words(timeline))).map(entry_width).sum::<f64>()
 }
 
 const FLAGGED: &str = "flagged by the checker";
@@ -279,21 +296,31 @@ fn legend(svg: &mut String, timeline: &Timeline, layout: &Layout) {
     let mut x = 16.0;
     let (kinds, tones, flagged) = legend_entries(timeline);
     for kind in kinds {
-        let (fill, stroke, words) = bar_style(kind);
+        let (fill, stroke, _) = bar_style(kind);
+        let words = bar_words(timeline, kind);
         let _ = writeln!(
             svg,
             r##"<rect x="{x}" y="{}" width="18" height="10" rx="2" fill="{fill}" stroke="{stroke}"/>"##,
             y - 9.0
         );
-        let _ =
-            writeln!(svg, r##"<text x="{}" y="{y}" font-size="11" fill="#333">{words}</text>"##, x + 23.0);
+        let _ = writeln!(
+            svg,
+            r##"<text x="{}" y="{y}" font-size="11" fill="#333">{}</text>"##,
+            x + 23.0,
+            esc(words)
+        );
         x += entry_width(words);
     }
     for tone in tones {
-        let (colour, words) = tone_style(tone);
+        let (colour, _) = tone_style(tone);
+        let words = tone_words(timeline, tone);
         let _ = writeln!(svg, r##"<circle cx="{}" cy="{}" r="5" fill="{colour}"/>"##, x + 9.0, y - 4.0);
-        let _ =
-            writeln!(svg, r##"<text x="{}" y="{y}" font-size="11" fill="#333">{words}</text>"##, x + 23.0);
+        let _ = writeln!(
+            svg,
+            r##"<text x="{}" y="{y}" font-size="11" fill="#333">{}</text>"##,
+            x + 23.0,
+            esc(words)
+        );
         x += entry_width(words);
     }
     if flagged {
@@ -305,8 +332,9 @@ fn legend(svg: &mut String, timeline: &Timeline, layout: &Layout) {
         );
         let _ = writeln!(
             svg,
-            r##"<text x="{}" y="{y}" font-size="11" fill="{FLAG}">{FLAGGED}</text>"##,
-            x + 23.0
+            r##"<text x="{}" y="{y}" font-size="11" fill="{FLAG}">{}</text>"##,
+            x + 23.0,
+            esc(flag_words(timeline))
         );
     }
 }

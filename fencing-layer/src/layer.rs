@@ -434,6 +434,8 @@ impl<S, E, R> Layer<S> for FencingLayer<E, R> {
     type Service = Fencing<S, E, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        // Every series at zero from now on, not from the first request.
+        self.shared.config.metrics.register(&self.shared.config.store);
         Fencing::from_shared(inner, Arc::clone(&self.shared))
     }
 }

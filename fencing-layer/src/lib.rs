@@ -165,12 +165,14 @@
 //! | `fencing_drain_wait_seconds` | histogram | | how long a request waited for lower tokens to leave (requests that waited) |
 //! | `fencing_durable_record_seconds` | histogram | | how long the durable store took to record a raise |
 //! | `fencing_requests_inside` | gauge | | fenced requests inside the inner service |
-//! | `fencing_tracked_keys` | gauge | | keys in the mark store, as of the last raise |
+//! | `fencing_tracked_keys` | gauge | | keys in the mark store, as of the last raise (or the layer's start) |
 //!
 //! No label names a resource key. `FencingLayer::metrics_label("orders")` adds
-//! `layer="orders"` to every series of that layer. The handles are made on the
-//! layer's first request, with the recorder installed then; requests do not
-//! build labels. With a shared store, raises and drains happen in the store and
+//! `layer="orders"` to every series of that layer. The handles are made when
+//! the layer first wraps a service, with the recorder installed then (install
+//! it before building the router): every series exists at zero before the
+//! first request, so an `increase` sees the first event. Requests do not build
+//! labels. With a shared store, raises and drains happen in the store and
 //! are not counted here. A `stale` refusal means a lock was violated somewhere:
 //! alert on it (`docs/metrics.md` in the repository has the rule).
 //!

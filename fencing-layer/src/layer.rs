@@ -261,7 +261,7 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// (in an axum router the token is a fourth extension, so the map moves to a
     /// bigger table, and the value is boxed: two allocations; see
     /// `BENCHMARKS.md`). A handler that asks for the token anyway gets
-    /// [`MissingFencingToken`](crate::MissingFencingToken) (500) with the axum
+    /// [`MissingFencingToken`] (500) with the axum
     /// feature. The token header itself passes through untouched, so a handler
     /// that only needs the value can read it there: the layer has checked it.
     ///
@@ -277,6 +277,8 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// ```
     ///
     /// [`FencingToken`]: crate::FencingToken
+    #[cfg_attr(feature = "axum", doc = "[`MissingFencingToken`]: crate::MissingFencingToken")]
+    #[cfg_attr(not(feature = "axum"), doc = "[`MissingFencingToken`]: crate::FencingToken")]
     pub fn token_extension(self, insert: bool) -> Self {
         self.with(|s| s.token_extension = insert)
     }

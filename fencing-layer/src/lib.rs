@@ -185,7 +185,13 @@
 //!
 //! The crate needs a tokio runtime with the time driver (as `#[tokio::main]`
 //! gives) for the drain timeout.
-
+//!
+// Items behind a feature: linked where it is on, to the nearest item that is
+// always there where it is off, so the docs build with any set of features.
+#![cfg_attr(feature = "redb", doc = "[`MarkStore::open`]: crate::MarkStore::open")]
+#![cfg_attr(not(feature = "redb"), doc = "[`MarkStore::open`]: crate::MarkStore")]
+#![cfg_attr(feature = "redb", doc = "[`RedbMarkLog`]: crate::RedbMarkLog")]
+#![cfg_attr(not(feature = "redb"), doc = "[`RedbMarkLog`]: crate::MarkLog")]
 #![deny(missing_docs, unsafe_code, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

@@ -1,4 +1,4 @@
-//! What the layer reports through the [`metrics`] facade (feature `metrics`):
+//! What the layer reports through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`):
 //! fenced requests by outcome, raises, drain and durable-record waits, requests
 //! inside, tracked keys. Without the feature every type here is zero-sized and
 //! every method an empty inline function, so the hot path is the same code.

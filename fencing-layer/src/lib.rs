@@ -19,13 +19,21 @@
 //!     body
 //! }
 //!
+//! let fencing = FencingLayer::new(); // clones share one store: one per route
 //! let app: Router = Router::new()
-//!     .route("/logs/{name}", post(append))
-//!     // `route_layer`, not `layer`: unknown paths then get 404 without
-//!     // touching the key table, which a client could otherwise fill with junk.
-//!     .route_layer(FencingLayer::new());
+//!     // On each route's method router: unknown paths get the router's 404 and
+//!     // methods the route does not serve its 405, without reaching the layer.
+//!     .route("/logs/{name}", post(append).route_layer(fencing.clone()))
+//!     .route("/notes/{name}", post(append).route_layer(fencing));
 //! # let _ = app;
 //! ```
+//!
+//! Not `Router::route_layer`: axum wraps each route's 405 fallback with it too,
+//! so a wrong method with a high token would raise the mark before axum refused
+//! it. The layer decides before the handler runs: a request refused later (an
+//! extractor's 400, a handler's 422) has still raised its key's mark, since a
+//! higher token proves the older leases are over, and the mark must rise
+//! before the handler runs for a lower token never to be inside it alongside.
 //!
 //! `POST /logs/billing` with `Fencing-Token: 7` is admitted and raises the mark
 //! of `/logs/billing` to 7; a later request with token 6 gets 409, with token 7
@@ -92,9 +100,7 @@
 //! // The whole service is one resource, as with a single leader lease.
 //! let whole_service = FencingLayer::new().key_extractor(GlobalKey);
 //!
-//! let app: Router = Router::new()
-//!     .route("/accounts/{id}/ledger", put(|| async {}))
-//!     .route_layer(per_account);
+//! let app: Router = Router::new().route("/accounts/{id}/ledger", put(|| async {}).route_layer(per_account));
 //! # let _ = (app, whole_service);
 //! ```
 //!
@@ -111,7 +117,7 @@
 //!     format!("wrote {} bytes under token {token}", body.len())
 //! }
 //!
-//! let app: Router = Router::new().route("/kv/{key}", post(write)).route_layer(FencingLayer::new());
+//! let app: Router = Router::new().route("/kv/{key}", post(write).route_layer(FencingLayer::new()));
 //! # let _ = app;
 //! ```
 //!

@@ -90,7 +90,7 @@
 //! ```
 //! use axum::{Router, body::Body, routing::put};
 //! use fencing_layer::{FencingLayer, GlobalKey};
-//! use http::Request;
+//! use axum::http::Request;
 //!
 //! // Every account's ledger is one resource, whatever the path below it.
 //! let per_account = FencingLayer::new().key_extractor(|request: &Request<Body>| {

@@ -195,7 +195,10 @@ impl KeyState {
         let admission = self.decide(&mut m, token, rules);
         drop(m);
         let raised = token > old && !matches!(admission, Admission::Verify { .. });
-        if raised {
+        if raised && old == 0 {
+            // No `old=0`: the key had no mark ([`MarkStore::mark`](super::MarkStore::mark) said `None`).
+            tracing::info!(key = ?key, new = token, "fencing mark raised: the key's first");
+        } else if raised {
             tracing::info!(key = ?key, old, new = token, "fencing mark raised");
         }
         (admission, raised)

@@ -38,9 +38,11 @@ use percent_encoding::percent_decode_str;
 
 mod combine;
 mod function;
+mod namespace;
 
 pub use combine::{And, KeyExtractorExt, Or};
 pub use function::{KeyFn, KeyRequest, OwnedKeyFn};
+pub use namespace::{NAMESPACE_SEPARATOR, Namespaced};
 
 /// Extracts the resource key of a request.
 ///

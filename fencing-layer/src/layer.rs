@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, Request, Response};
 use tower_layer::Layer;
 
-use crate::key::{KeyFn, KeyRequest, OwnedKeyFn, PathKey};
+use crate::key::{KeyFn, KeyRequest, Namespaced, OwnedKeyFn, PathKey};
 use crate::methods::MethodSet;
 use crate::metrics::Metrics;
 use crate::rejection::Rejection;
@@ -344,6 +344,39 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     pub fn metrics_label(self, name: impl Into<Arc<str>>) -> Self {
         let name = name.into();
         self.with(|s| s.metrics.set_label(name))
+    }
+
+    /// Puts every key of this layer under `namespace`: `{namespace}:{key}`
+    /// (`orders:/docs/1`, `tenants:acme`), in the store, in 409 bodies, in the
+    /// logs and in `MarkStore::marks`. For several fenced routers sharing one
+    /// store (a durable store locks its file, so one process opens it once):
+    /// give each layer a namespace of its own, and a header key on one router
+    /// and a path parameter on another can no longer meet on the same mark.
+    /// Without it (the default) keys are stored as they are. `max_key_bytes`
+    /// counts the prefix.
+    ///
+    /// Call it after [`key_extractor`](Self::key_extractor) or
+    /// [`key_fn`](Self::key_fn), which replace the extractor it wraps.
+    ///
+    /// ```
+    /// use fencing_layer::{FencingLayer, HeaderKey, MarkStore};
+    ///
+    /// let store = MarkStore::in_memory(); // or MarkStore::open(path), once per process
+    /// let tenants = FencingLayer::new()
+    ///     .store(store.clone())
+    ///     .key_extractor(HeaderKey::new("x-tenant"))
+    ///     .key_namespace("tenants");
+    /// let documents = FencingLayer::new().store(store).key_namespace("documents");
+    /// # let _ = (tenants, documents);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When `namespace` is empty or contains `:` ([`NAMESPACE_SEPARATOR`](crate::NAMESPACE_SEPARATOR)).
+    #[track_caller]
+    pub fn key_namespace(self, namespace: &str) -> FencingLayer<Namespaced<E>, R> {
+        let Shared { extractor, responder, config } = Arc::unwrap_or_clone(self.shared);
+        FencingLayer::from_parts(Namespaced::new(namespace, extractor), responder, config)
     }
 
     /// Keys requests with `extractor` instead of by path.

@@ -225,7 +225,8 @@ pub use crate::body::RejectionBody;
 pub use crate::future::ResponseFuture;
 pub use crate::grpc::GrpcStatus;
 pub use crate::key::{
-    And, GlobalKey, HeaderKey, KeyExtractor, KeyExtractorExt, KeyFn, KeyRequest, Or, OwnedKeyFn, PathKey,
+    And, GlobalKey, HeaderKey, KeyExtractor, KeyExtractorExt, KeyFn, KeyRequest, NAMESPACE_SEPARATOR,
+    Namespaced, Or, OwnedKeyFn, PathKey,
 };
 pub use crate::layer::{DEFAULT_DRAIN_TIMEOUT, FENCING_TOKEN, FencingLayer, InFlightPolicy};
 #[cfg(feature = "ed25519")]

@@ -14,6 +14,26 @@ async fn a_stale_write_shows_in_the_scrape() {
     let write = |token: &'static str| {
         http.post(format!("{base}/logs/orders")).header("fencing-token", token).body("x").send()
     };
+    // Before any request, every series is there at zero: an alert on
+    // `increase(...{outcome="stale"}[5m]) > 0` sees the first stale write.
+    let fresh = http.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    let fresh: Vec<&str> = fresh.lines().collect();
+    for expected in [
+        r#"fencing_requests_total{outcome="stale",layer="demo-resource"} 0"#,
+        r#"fencing_requests_total{outcome="admitted",layer="demo-resource"} 0"#,
+        r#"fencing_requests_total{outcome="unfenced",layer="demo-resource"} 0"#,
+        r#"fencing_raises_total{layer="demo-resource"} 0"#,
+        r#"fencing_tracked_keys{layer="demo-resource"} 0"#,
+        r#"fencing_requests_inside{layer="demo-resource"} 0"#,
+        r#"fencing_drain_wait_seconds_count{layer="demo-resource"} 0"#,
+        r#"fencing_durable_record_seconds_count{layer="demo-resource"} 0"#,
+    ] {
+        assert!(
+            fresh.contains(&expected),
+            "no line {expected:?} before any request in:\n{}",
+            fresh.join("\n")
+        );
+    }
     assert_eq!(write("5").await.unwrap().status(), StatusCode::CREATED);
     assert_eq!(write("5").await.unwrap().status(), StatusCode::CREATED);
     assert_eq!(write("4").await.unwrap().status(), StatusCode::CONFLICT);

@@ -14,7 +14,10 @@
 //!   deadline cancels a [`CancellationToken`] so in-flight work stops.
 //! * [`set_fencing_token`] / [`fence_reqwest`]: put the token into the
 //!   `Fencing-Token` header (canonical decimal) of an outgoing request, so the
-//!   resource can reject a stale holder. [`Lease::fence`] and
+//!   resource can reject a stale holder. `fence_reqwest` takes reqwest **0.13**'s
+//!   `RequestBuilder` (a 0.12 one is a type mismatch): use this crate's
+//!   re-export, [`fencing_client::reqwest`](reqwest), or depend on
+//!   `reqwest = "0.13"` yourself. [`Lease::fence`] and
 //!   [`Lease::fence_reqwest`] also send the grant's `Fencing-Proof` when the lock
 //!   service signs its grants.
 //! * [`IdempotencyKey`] and [`FencedOperation`]: for a resource that cannot check
@@ -33,7 +36,8 @@
 //!
 //! let locks = DemoLockClient::new("http://127.0.0.1:7000")?;
 //! let lease = locks.lease("report", "worker-1", Duration::from_secs(10)).await?;
-//! let http = reqwest::Client::new();
+//! // reqwest 0.13, the version `fence_reqwest` takes: this crate's re-export.
+//! let http = fencing_client::reqwest::Client::new();
 //! let write = lease.fence_reqwest(http.put("http://127.0.0.1:8080/docs/report").body("v2"));
 //! // Stops (drops the request) if the lease is lost meanwhile.
 //! let response = lease.run(write.send()).await??;
@@ -80,6 +84,9 @@ pub use postgres::{DEFAULT_PG_LOCK_TABLE, PgLockClient};
 pub use redis;
 #[cfg(feature = "redis")]
 pub use redis_lock::{DEFAULT_REDIS_PREFIX, RedisLockClient, RedisLockClientBuilder};
+/// The reqwest (0.13) whose `RequestBuilder` [`fence_reqwest`] and
+/// [`Lease::fence_reqwest`] take: use it (or the same version) for the requests you fence.
+pub use reqwest;
 #[cfg(feature = "etcd")]
 pub use verify::EtcdVerifier;
 pub use verify::{DEFAULT_CACHE_CAPACITY, DEFAULT_CACHE_TTL, DemoLockVerifier};
@@ -113,6 +120,9 @@ pub fn set_fencing_token<B>(request: &mut http::Request<B>, token: u64) {
 }
 
 /// Adds the `Fencing-Token` header with `token` to a reqwest request.
+///
+/// reqwest 0.13's `RequestBuilder`, re-exported as [`fencing_client::reqwest`](reqwest):
+/// a builder from another reqwest version is a different type.
 pub fn fence_reqwest(request: reqwest::RequestBuilder, token: u64) -> reqwest::RequestBuilder {
     request.header(fencing_token_header(), fencing_token_value(token))
 }

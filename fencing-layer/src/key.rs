@@ -12,7 +12,6 @@
 //!
 //! ```
 //! use fencing_layer::{FencingLayer, HeaderKey, KeyExtractorExt, PathKey};
-//! use http::HeaderName;
 //!
 //! // Key by a tenant header: no allocation per request.
 //! let by_tenant = FencingLayer::new().key_fn(|request| request.header("x-tenant"));
@@ -25,23 +24,25 @@
 //! });
 //!
 //! // The same from ready-made parts: `acme|/docs/42`.
-//! let by_tenant_and_path =
-//!     FencingLayer::new().key_extractor(HeaderKey::new(HeaderName::from_static("x-tenant")).and(PathKey));
+//! let by_tenant_and_path = FencingLayer::new().key_extractor(HeaderKey::new("x-tenant").and(PathKey));
 //! # let _ = (by_tenant, by_document, by_tenant_and_path);
 //! ```
 //!
 //! Any `Fn(&Request<B>) -> Option<K>` is an extractor as well, with `B` spelled out.
 
 use std::borrow::Cow;
+use std::fmt;
 
 use http::{HeaderMap, HeaderName, Request};
 use percent_encoding::percent_decode_str;
 
 mod combine;
 mod function;
+mod namespace;
 
 pub use combine::{And, KeyExtractorExt, Or};
 pub use function::{KeyFn, KeyRequest, OwnedKeyFn};
+pub use namespace::{NAMESPACE_SEPARATOR, Namespaced};
 
 /// Extracts the resource key of a request.
 ///
@@ -115,10 +116,26 @@ pub struct HeaderKey {
 }
 
 impl HeaderKey {
-    /// Keys by the header `name`.
+    /// Keys by the header `name`: a [`HeaderName`], or a `&str` / `String` as
+    /// `PathParamKey::new` (feature `axum`) and [`KeyRequest::header`] take
+    /// (any case; header names are case-insensitive).
+    ///
+    /// # Panics
+    ///
+    /// When `name` is a string that is not a valid header name (empty, or with
+    /// spaces or other characters RFC 9110 does not allow), as
+    /// [`HeaderName::from_static`] would: it is the program's constant.
     #[must_use]
-    pub fn new(name: HeaderName) -> Self {
-        Self { name }
+    #[track_caller]
+    pub fn new<N>(name: N) -> Self
+    where
+        N: TryInto<HeaderName>,
+        N::Error: fmt::Debug,
+    {
+        match name.try_into() {
+            Ok(name) => Self { name },
+            Err(error) => panic!("HeaderKey::new: not a valid header name: {error:?}"),
+        }
     }
 }
 
@@ -128,14 +145,21 @@ impl<B> KeyExtractor<B> for HeaderKey {
     }
 
     fn missing(&self, request: &Request<B>) -> Cow<'static, str> {
-        let name = &self.name;
-        let why = match request.headers().get_all(name).iter().count() {
-            0 => "is missing",
-            1 => "is empty or not visible ASCII",
-            _ => "appears more than once",
-        };
-        format!("header {name} {why}").into()
+        header_problem(request.headers(), &self.name).into()
     }
+}
+
+/// Why header `name` gives no key: `header x-tenant is missing`, say.
+pub(crate) fn header_problem<K: http::header::AsHeaderName + fmt::Display + Copy>(
+    headers: &HeaderMap,
+    name: K,
+) -> String {
+    let why = match headers.get_all(name).iter().count() {
+        0 => "is missing",
+        1 => "is empty or not visible ASCII",
+        _ => "appears more than once",
+    };
+    format!("header {name} {why}")
 }
 
 /// The value of header `name` when it appears exactly once, non-empty and visible ASCII.
@@ -192,6 +216,22 @@ mod tests {
         assert_eq!(key.extract(&req), None);
         assert_eq!(key.missing(&req), "header x-resource appears more than once");
         assert_eq!(key.missing(&request("/")), "header x-resource is missing");
+    }
+
+    #[test]
+    fn header_key_takes_a_name_or_a_string() {
+        let mut req = request("/");
+        req.headers_mut().insert("x-tenant", "acme".parse().unwrap());
+        for key in [
+            HeaderKey::new(HeaderName::from_static("x-tenant")),
+            HeaderKey::new("x-tenant"),
+            HeaderKey::new("X-Tenant"),
+            HeaderKey::new(String::from("x-tenant")),
+        ] {
+            assert_eq!(key.extract(&req).as_deref(), Some("acme"));
+        }
+        let bad = std::panic::catch_unwind(|| HeaderKey::new("x tenant"));
+        assert!(bad.is_err(), "a name with a space is refused");
     }
 
     #[test]

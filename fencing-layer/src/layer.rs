@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, Request, Response};
 use tower_layer::Layer;
 
-use crate::key::{KeyFn, KeyRequest, OwnedKeyFn, PathKey};
+use crate::key::{KeyFn, KeyRequest, Namespaced, OwnedKeyFn, PathKey};
 use crate::methods::MethodSet;
 use crate::metrics::Metrics;
 use crate::rejection::Rejection;
@@ -261,7 +261,7 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// (in an axum router the token is a fourth extension, so the map moves to a
     /// bigger table, and the value is boxed: two allocations; see
     /// `BENCHMARKS.md`). A handler that asks for the token anyway gets
-    /// [`MissingFencingToken`](crate::MissingFencingToken) (500) with the axum
+    /// [`MissingFencingToken`] (500) with the axum
     /// feature. The token header itself passes through untouched, so a handler
     /// that only needs the value can read it there: the layer has checked it.
     ///
@@ -277,6 +277,8 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// ```
     ///
     /// [`FencingToken`]: crate::FencingToken
+    #[cfg_attr(feature = "axum", doc = "[`MissingFencingToken`]: crate::MissingFencingToken")]
+    #[cfg_attr(not(feature = "axum"), doc = "[`MissingFencingToken`]: crate::FencingToken")]
     pub fn token_extension(self, insert: bool) -> Self {
         self.with(|s| s.token_extension = insert)
     }
@@ -346,6 +348,39 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     pub fn metrics_label(self, name: impl Into<Arc<str>>) -> Self {
         let name = name.into();
         self.with(|s| s.metrics.set_label(name))
+    }
+
+    /// Puts every key of this layer under `namespace`: `{namespace}:{key}`
+    /// (`orders:/docs/1`, `tenants:acme`), in the store, in 409 bodies, in the
+    /// logs and in `MarkStore::marks`. For several fenced routers sharing one
+    /// store (a durable store locks its file, so one process opens it once):
+    /// give each layer a namespace of its own, and a header key on one router
+    /// and a path parameter on another can no longer meet on the same mark.
+    /// Without it (the default) keys are stored as they are. `max_key_bytes`
+    /// counts the prefix.
+    ///
+    /// Call it after [`key_extractor`](Self::key_extractor) or
+    /// [`key_fn`](Self::key_fn), which replace the extractor it wraps.
+    ///
+    /// ```
+    /// use fencing_layer::{FencingLayer, HeaderKey, MarkStore};
+    ///
+    /// let store = MarkStore::in_memory(); // or MarkStore::open(path), once per process
+    /// let tenants = FencingLayer::new()
+    ///     .store(store.clone())
+    ///     .key_extractor(HeaderKey::new("x-tenant"))
+    ///     .key_namespace("tenants");
+    /// let documents = FencingLayer::new().store(store).key_namespace("documents");
+    /// # let _ = (tenants, documents);
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// When `namespace` is empty or contains `:` ([`NAMESPACE_SEPARATOR`](crate::NAMESPACE_SEPARATOR)).
+    #[track_caller]
+    pub fn key_namespace(self, namespace: &str) -> FencingLayer<Namespaced<E>, R> {
+        let Shared { extractor, responder, config } = Arc::unwrap_or_clone(self.shared);
+        FencingLayer::from_parts(Namespaced::new(namespace, extractor), responder, config)
     }
 
     /// Keys requests with `extractor` instead of by path.
@@ -438,6 +473,8 @@ impl<S, E, R> Layer<S> for FencingLayer<E, R> {
     type Service = Fencing<S, E, R>;
 
     fn layer(&self, inner: S) -> Self::Service {
+        // Every series at zero from now on, not from the first request.
+        self.shared.config.metrics.register(&self.shared.config.store);
         Fencing::from_shared(inner, Arc::clone(&self.shared))
     }
 }

@@ -19,13 +19,21 @@
 //!     body
 //! }
 //!
+//! let fencing = FencingLayer::new(); // clones share one store: one per route
 //! let app: Router = Router::new()
-//!     .route("/logs/{name}", post(append))
-//!     // `route_layer`, not `layer`: unknown paths then get 404 without
-//!     // touching the key table, which a client could otherwise fill with junk.
-//!     .route_layer(FencingLayer::new());
+//!     // On each route's method router: unknown paths get the router's 404 and
+//!     // methods the route does not serve its 405, without reaching the layer.
+//!     .route("/logs/{name}", post(append).route_layer(fencing.clone()))
+//!     .route("/notes/{name}", post(append).route_layer(fencing));
 //! # let _ = app;
 //! ```
+//!
+//! Not `Router::route_layer`: axum wraps each route's 405 fallback with it too,
+//! so a wrong method with a high token would raise the mark before axum refused
+//! it. The layer decides before the handler runs: a request refused later (an
+//! extractor's 400, a handler's 422) has still raised its key's mark, since a
+//! higher token proves the older leases are over, and the mark must rise
+//! before the handler runs for a lower token never to be inside it alongside.
 //!
 //! `POST /logs/billing` with `Fencing-Token: 7` is admitted and raises the mark
 //! of `/logs/billing` to 7; a later request with token 6 gets 409, with token 7
@@ -82,7 +90,7 @@
 //! ```
 //! use axum::{Router, body::Body, routing::put};
 //! use fencing_layer::{FencingLayer, GlobalKey};
-//! use http::Request;
+//! use axum::http::Request;
 //!
 //! // Every account's ledger is one resource, whatever the path below it.
 //! let per_account = FencingLayer::new().key_extractor(|request: &Request<Body>| {
@@ -92,9 +100,7 @@
 //! // The whole service is one resource, as with a single leader lease.
 //! let whole_service = FencingLayer::new().key_extractor(GlobalKey);
 //!
-//! let app: Router = Router::new()
-//!     .route("/accounts/{id}/ledger", put(|| async {}))
-//!     .route_layer(per_account);
+//! let app: Router = Router::new().route("/accounts/{id}/ledger", put(|| async {}).route_layer(per_account));
 //! # let _ = (app, whole_service);
 //! ```
 //!
@@ -111,7 +117,7 @@
 //!     format!("wrote {} bytes under token {token}", body.len())
 //! }
 //!
-//! let app: Router = Router::new().route("/kv/{key}", post(write)).route_layer(FencingLayer::new());
+//! let app: Router = Router::new().route("/kv/{key}", post(write).route_layer(FencingLayer::new()));
 //! # let _ = app;
 //! ```
 //!
@@ -169,12 +175,14 @@
 //! | `fencing_drain_wait_seconds` | histogram | | how long a request waited for lower tokens to leave (requests that waited) |
 //! | `fencing_durable_record_seconds` | histogram | | how long the durable store took to record a raise |
 //! | `fencing_requests_inside` | gauge | | fenced requests inside the inner service |
-//! | `fencing_tracked_keys` | gauge | | keys in the mark store, as of the last raise |
+//! | `fencing_tracked_keys` | gauge | | keys in the mark store, as of the last raise (or the layer's start) |
 //!
 //! No label names a resource key. `FencingLayer::metrics_label("orders")` adds
-//! `layer="orders"` to every series of that layer. The handles are made on the
-//! layer's first request, with the recorder installed then; requests do not
-//! build labels. With a shared store, the raises and drain waits that the store
+//! `layer="orders"` to every series of that layer. The handles are made when
+//! the layer first wraps a service, with the recorder installed then (install
+//! it before building the router): every series exists at zero before the
+//! first request, so an `increase` sees the first event. Requests do not build
+//! labels. With a shared store, the raises and drain waits that the store
 //! reports with its admission are counted too, and a request stopped because
 //! its replica lost its claim counts as `claim-lost`. A `stale` refusal means a lock was violated somewhere:
 //! alert on it (`docs/metrics.md` in the repository has the rule).
@@ -188,7 +196,13 @@
 //!
 //! The crate needs a tokio runtime with the time driver (as `#[tokio::main]`
 //! gives) for the drain timeout.
-
+//!
+// Items behind a feature: linked where it is on, to the nearest item that is
+// always there where it is off, so the docs build with any set of features.
+#![cfg_attr(feature = "redb", doc = "[`MarkStore::open`]: crate::MarkStore::open")]
+#![cfg_attr(not(feature = "redb"), doc = "[`MarkStore::open`]: crate::MarkStore")]
+#![cfg_attr(feature = "redb", doc = "[`RedbMarkLog`]: crate::RedbMarkLog")]
+#![cfg_attr(not(feature = "redb"), doc = "[`RedbMarkLog`]: crate::MarkLog")]
 #![deny(missing_docs, unsafe_code, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -217,7 +231,8 @@ pub use crate::body::RejectionBody;
 pub use crate::future::ResponseFuture;
 pub use crate::grpc::GrpcStatus;
 pub use crate::key::{
-    And, GlobalKey, HeaderKey, KeyExtractor, KeyExtractorExt, KeyFn, KeyRequest, Or, OwnedKeyFn, PathKey,
+    And, GlobalKey, HeaderKey, KeyExtractor, KeyExtractorExt, KeyFn, KeyRequest, NAMESPACE_SEPARATOR,
+    Namespaced, Or, OwnedKeyFn, PathKey,
 };
 pub use crate::layer::{DEFAULT_DRAIN_TIMEOUT, FENCING_TOKEN, FencingLayer, InFlightPolicy};
 #[cfg(feature = "ed25519")]

@@ -1,11 +1,12 @@
-//! What the layer reports through the [`metrics`] facade (feature `metrics`):
+//! What the layer reports through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`):
 //! fenced requests by outcome, raises, drain and durable-record waits, requests
 //! inside, tracked keys. Without the feature every type here is zero-sized and
 //! every method an empty inline function, so the hot path is the same code.
 //!
-//! The handles are built once per layer, on its first request, with the
-//! recorder in effect then; a request only increments them: no labels are
-//! built or allocated per request. No label names a resource key (an unbounded
+//! The handles are built once per layer, when it first wraps a service (so
+//! every series exists at zero before the first request), with the recorder in
+//! effect then; a request only increments them: no labels are built or
+//! allocated per request. No label names a resource key (an unbounded
 //! number of series); the optional `layer` label names the layer.
 
 #[cfg(feature = "metrics")]
@@ -37,7 +38,8 @@ mod enabled {
     use crate::rejection::Rejection;
     use crate::store::MarkStore;
 
-    /// Every outcome label, in the order of [`Handles::outcomes`].
+    /// Every outcome label, in the order of [`Handles::outcomes`]: the one list
+    /// to extend (a new label here, then its variants in [`outcome_index`]).
     const OUTCOMES: [&str; 11] = [
         "admitted",
         "stale",
@@ -49,28 +51,50 @@ mod enabled {
         "drain-timeout",
         "store-unavailable",
         "claim-lost",
-        // Kept last: `outcome_index` never returns it for a rejection.
         "unfenced",
     ];
-    const ADMITTED: usize = 0;
-    const UNFENCED: usize = 10;
+    const ADMITTED: usize = index("admitted");
+    const UNFENCED: usize = index("unfenced");
+
+    /// The position of `label` in [`OUTCOMES`]; evaluated at compile time, where
+    /// a label missing from the list is a build error.
+    const fn index(label: &str) -> usize {
+        let mut i = 0;
+        while i < OUTCOMES.len() {
+            let (a, b) = (OUTCOMES[i].as_bytes(), label.as_bytes());
+            if a.len() == b.len() {
+                let mut j = 0;
+                while j < a.len() && a[j] == b[j] {
+                    j += 1;
+                }
+                if j == a.len() {
+                    return i;
+                }
+            }
+            i += 1;
+        }
+        panic!("not an outcome label")
+    }
 
     /// The outcome label of a refusal; every variant has one.
     fn outcome_index(rejection: &Rejection) -> usize {
         match rejection {
-            Rejection::Stale { .. } | Rejection::Cancelled { .. } => 1,
-            Rejection::MissingToken => 2,
-            Rejection::InvalidToken(_) | Rejection::MissingKey { .. } | Rejection::KeyTooLong { .. } => 3,
-            Rejection::Unverified { .. } => 4,
-            Rejection::VerifierUnavailable { .. } => 5,
-            Rejection::KeyTableFull { .. } => 6,
-            Rejection::DrainTimeout { .. } => 7,
-            Rejection::StoreUnavailable { .. } => 8,
-            Rejection::ClaimLost { .. } => 9,
+            Rejection::Stale { .. } | Rejection::Cancelled { .. } => const { index("stale") },
+            Rejection::MissingToken => const { index("missing") },
+            Rejection::InvalidToken(_) | Rejection::MissingKey { .. } | Rejection::KeyTooLong { .. } => {
+                const { index("invalid") }
+            }
+            Rejection::Unverified { .. } => const { index("unverified") },
+            Rejection::VerifierUnavailable { .. } => const { index("verifier-unavailable") },
+            Rejection::KeyTableFull { .. } => const { index("key-table-full") },
+            Rejection::DrainTimeout { .. } => const { index("drain-timeout") },
+            Rejection::StoreUnavailable { .. } => const { index("store-unavailable") },
+            Rejection::ClaimLost { .. } => const { index("claim-lost") },
         }
     }
 
-    /// The layer's metrics: its optional label and, from its first request on, its handles.
+    /// The layer's metrics: its optional label and, from the first service it
+    /// wraps on (or its first request, whichever comes first), its handles.
     #[derive(Debug, Clone, Default)]
     pub(crate) struct Metrics {
         label: Option<Arc<str>>,
@@ -141,6 +165,16 @@ mod enabled {
 
         fn handles(&self) -> &Handles {
             self.handles.get_or_init(|| Handles::new(self.label.as_deref()))
+        }
+
+        /// Makes every series exist, at zero, with the recorder in effect now
+        /// (once per layer; later calls do nothing but refresh the key count):
+        /// so that a rate or an increase sees the first event after a start.
+        /// Called when the layer wraps a service, never per request.
+        pub(crate) fn register(&self, store: &MarkStore) {
+            let handles = self.handles();
+            // Keys a durable store loaded are tracked before any raise.
+            handles.tracked_keys.set(store.len() as f64);
         }
 
         /// A fenced request is let into the inner service; it counts as inside until `InsideCount` drops.
@@ -249,6 +283,8 @@ mod disabled {
         pub(crate) fn admitted(&self) -> InsideCount {
             InsideCount
         }
+        #[inline(always)]
+        pub(crate) fn register(&self, _: &MarkStore) {}
         #[inline(always)]
         pub(crate) fn unfenced(&self) {}
         #[inline(always)]

@@ -35,10 +35,12 @@
 //! the same token first, the verified request joins it, and if higher, it is
 //! stale.
 //!
-//! With the `ed25519` feature, [`Ed25519Verifier`](crate::Ed25519Verifier)
+//! With the `ed25519` feature, [`Ed25519Verifier`]
 //! checks a lock service's signature sent in `Fencing-Proof`.
 //!
 //! [`FencingLayer::verify_timeout`]: crate::FencingLayer::verify_timeout
+#![cfg_attr(feature = "ed25519", doc = "[`Ed25519Verifier`]: crate::Ed25519Verifier")]
+#![cfg_attr(not(feature = "ed25519"), doc = "[`Ed25519Verifier`]: crate::TokenVerifier")]
 
 use std::borrow::Cow;
 use std::fmt;

@@ -111,6 +111,14 @@ async fn malformed_tokens_are_400(http: bool) {
     // The largest token is fine.
     assert_eq!(client.post("/logs/max", "18446744073709551615").await.status, StatusCode::OK);
     assert_eq!(writes.seen(), vec![("max".to_owned(), Some(u64::MAX))]);
+    if http {
+        // What the README says: spaces around the value are the parser's to strip, and the
+        // token is admitted; only spaces inside it are refused (above).
+        for token in [b" 7".as_slice(), b"7 ", b"\t7  "] {
+            let reply = client.send("POST", "/logs/spaced", &[("fencing-token", token)]).await;
+            assert_eq!(reply.status, StatusCode::OK, "{token:?}");
+        }
+    }
     client.stop().await;
 }
 

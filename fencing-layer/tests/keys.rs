@@ -37,10 +37,8 @@ async fn a_borrowing_key_fn_keys_by_tenant() {
 
     let missing = post(&router, "/logs/a", "9", None).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
-    assert_eq!(
-        missing.problem()["detail"],
-        "no resource key in the request: the key function found no key in the request"
-    );
+    // The header the function asked for is named, as docs/integrating.md shows.
+    assert_eq!(missing.problem()["detail"], "no resource key in the request: header x-tenant is missing");
     assert_eq!(writes.seen().len(), 2);
 }
 

@@ -330,3 +330,58 @@ fn durable_writes_are_timed_and_a_failed_one_counts_as_store_unavailable() {
     assert_eq!(recorded.counter("fencing_raises_total", &[]), 2);
     assert_eq!(mark.load(Ordering::Relaxed), 9);
 }
+
+/// Every series exists at zero once the layer wraps a service, before any
+/// request: an alert on `increase(...) > 0` then sees the first stale write
+/// after a start (a series born at 1 has no increase). A durable store's
+/// loaded keys are tracked from the start too.
+#[test]
+fn every_series_exists_at_zero_before_the_first_request() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (before, after) = metrics::with_local_recorder(&recorder, || {
+        let log = Log { fail_from: u64::MAX, written: Mutex::default() };
+        let store = MarkStore::builder().durable(log).unwrap();
+        let layer = FencingLayer::new().store(store).metrics_label("orders");
+        let before = Recorded::from(&snapshotter);
+        let _fenced = tower::Layer::layer(&layer, inner(Arc::new(Semaphore::new(0))));
+        (before, Recorded::from(&snapshotter))
+    });
+    assert!(
+        before.values.is_empty(),
+        "a layer not yet wrapping a service reports nothing: {:?}",
+        before.values
+    );
+    let orders = [("layer", "orders")];
+    assert_eq!(after.outcomes(Some("orders")), expect(&[]));
+    assert!(after.outcomes(None).is_empty(), "every series carries the layer's label");
+    assert_eq!(after.counter("fencing_raises_total", &orders), 0);
+    assert_eq!(after.gauge("fencing_requests_inside", &orders), 0.0);
+    assert_eq!(after.gauge("fencing_tracked_keys", &orders), 0.0);
+    assert!(after.histogram("fencing_drain_wait_seconds", &orders).is_empty());
+    assert!(after.histogram("fencing_durable_record_seconds", &orders).is_empty());
+    assert_eq!(after.units["fencing_requests_total"], Unit::Count);
+}
+
+/// A durable store that loaded marks: its keys count from the start.
+#[test]
+fn keys_a_durable_store_loaded_are_tracked_before_any_raise() {
+    struct Loaded;
+    impl MarkLog for Loaded {
+        fn load(&self) -> Result<Vec<(String, u64)>, StoreError> {
+            Ok(vec![("/a".into(), 3), ("/b".into(), 7)])
+        }
+        fn record(&self, _: &[(&str, u64)]) -> Result<(), StoreError> {
+            Ok(())
+        }
+    }
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        let layer = FencingLayer::new().store(MarkStore::builder().durable(Loaded).unwrap());
+        let _fenced = tower::Layer::layer(&layer, inner(Arc::new(Semaphore::new(0))));
+    });
+    let recorded = Recorded::from(&snapshotter);
+    assert_eq!(recorded.gauge("fencing_tracked_keys", &[]), 2.0);
+    assert_eq!(recorded.outcomes(None), expect(&[]));
+}

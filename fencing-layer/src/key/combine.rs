@@ -11,11 +11,10 @@ use super::KeyExtractor;
 ///
 /// ```
 /// use fencing_layer::{FencingLayer, HeaderKey, KeyExtractorExt, PathKey};
-/// use http::HeaderName;
 ///
 /// // One mark per tenant and path.
 /// let layer = FencingLayer::new()
-///     .key_extractor(HeaderKey::new(HeaderName::from_static("x-tenant")).and(PathKey));
+///     .key_extractor(HeaderKey::new("x-tenant").and(PathKey));
 /// # let _ = layer;
 /// ```
 pub trait KeyExtractorExt: Sized {

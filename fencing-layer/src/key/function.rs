@@ -7,10 +7,11 @@
 //! return a key borrowed from the request: no allocation per request.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
-use super::{KeyExtractor, full_path, single_header};
+use super::{KeyExtractor, full_path, header_problem, single_header};
 
 /// What a key function sees of a request: everything but the body.
 ///
@@ -78,8 +79,10 @@ where
         (self.0)(request).map(Cow::Borrowed)
     }
 
-    fn missing(&self, _request: &Request<B>) -> Cow<'static, str> {
-        Cow::Borrowed(NOT_FOUND)
+    fn missing(&self, request: &Request<B>) -> Cow<'static, str> {
+        let watched = Watched::new(request);
+        let _ = (self.0)(&watched);
+        watched.problem()
     }
 }
 
@@ -92,8 +95,62 @@ where
         (self.0)(request).map(Into::into)
     }
 
-    fn missing(&self, _request: &Request<B>) -> Cow<'static, str> {
-        Cow::Borrowed(NOT_FOUND)
+    fn missing(&self, request: &Request<B>) -> Cow<'static, str> {
+        let watched = Watched::new(request);
+        let _ = (self.0)(&watched);
+        watched.problem()
+    }
+}
+
+/// A request as a key function sees it, noting each header it asked for and
+/// did not get: run again after the function found no key, so that the 400's
+/// detail names them (`header x-tenant is missing`), as [`HeaderKey`](crate::HeaderKey)'s does.
+struct Watched<'r> {
+    request: &'r dyn KeyRequest,
+    problems: RefCell<Vec<String>>,
+}
+
+impl<'r> Watched<'r> {
+    fn new(request: &'r dyn KeyRequest) -> Self {
+        Self { request, problems: RefCell::default() }
+    }
+
+    /// The headers the function lacked, or that it found no key.
+    fn problem(self) -> Cow<'static, str> {
+        let problems = self.problems.into_inner();
+        if problems.is_empty() { Cow::Borrowed(NOT_FOUND) } else { problems.join(", and ").into() }
+    }
+}
+
+impl KeyRequest for Watched<'_> {
+    fn method(&self) -> &Method {
+        self.request.method()
+    }
+    fn uri(&self) -> &Uri {
+        self.request.uri()
+    }
+    fn version(&self) -> Version {
+        self.request.version()
+    }
+    fn headers(&self) -> &HeaderMap {
+        self.request.headers()
+    }
+    fn extensions(&self) -> &Extensions {
+        self.request.extensions()
+    }
+    fn path(&self) -> &str {
+        self.request.path()
+    }
+    fn header(&self, name: &str) -> Option<&str> {
+        let value = self.request.header(name);
+        if value.is_none() {
+            let problem = header_problem(self.request.headers(), name);
+            let mut problems = self.problems.borrow_mut();
+            if !problems.contains(&problem) {
+                problems.push(problem);
+            }
+        }
+        value
     }
 }
 
@@ -106,5 +163,49 @@ impl<F> std::fmt::Debug for KeyFn<F> {
 impl<F> std::fmt::Debug for OwnedKeyFn<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("OwnedKeyFn")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(headers: &[(&str, &str)]) -> Request<()> {
+        let mut request = Request::post("/docs/1");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(()).unwrap()
+    }
+
+    /// As `FencingLayer::key_fn` takes it (the bound makes the closure's lifetimes higher-ranked).
+    fn key_fn<F: Fn(&dyn KeyRequest) -> Option<&str>>(key: F) -> KeyFn<F> {
+        KeyFn(key)
+    }
+
+    fn missing<E: KeyExtractor<()>>(extractor: &E, request: &Request<()>) -> String {
+        assert!(extractor.extract(request).is_none());
+        extractor.missing(request).into_owned()
+    }
+
+    #[test]
+    fn the_detail_names_the_headers_a_key_function_lacked() {
+        let by_tenant = key_fn(|request| request.header("x-tenant"));
+        assert_eq!(missing(&by_tenant, &request(&[])), "header x-tenant is missing");
+        assert_eq!(
+            missing(&by_tenant, &request(&[("x-tenant", "a"), ("x-tenant", "b")])),
+            "header x-tenant appears more than once"
+        );
+        let both = OwnedKeyFn(|request: &dyn KeyRequest| {
+            Some(format!("{}/{}", request.header("x-tenant")?, request.header("x-doc")?))
+        });
+        assert_eq!(missing(&both, &request(&[("x-doc", "1")])), "header x-tenant is missing");
+        assert_eq!(missing(&both, &request(&[("x-tenant", "acme")])), "header x-doc is missing");
+        // Both looked up, both missing: both named.
+        let either = key_fn(|request| request.header("x-a").or(request.header("x-b")));
+        assert_eq!(missing(&either, &request(&[])), "header x-a is missing, and header x-b is missing");
+        // A function that read no header: the general message.
+        let none = key_fn(|request| request.path().strip_prefix("/nothing/"));
+        assert_eq!(missing(&none, &request(&[])), NOT_FOUND);
     }
 }

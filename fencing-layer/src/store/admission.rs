@@ -196,7 +196,7 @@ impl KeyState {
         drop(m);
         let raised = token > old && !matches!(admission, Admission::Verify { .. });
         if raised {
-            tracing::info!(key = ?key, old, new = token, "fencing mark raised");
+            log_raise(key, old, token);
         }
         (admission, raised)
     }
@@ -363,6 +363,20 @@ impl KeyState {
         // Waiters decide again from the new mark.
         m.wake_waiters();
         Ok(old)
+    }
+}
+
+/// Logs a raise of `key`'s mark from `old` to `new`. A key at 0 had no mark
+/// ([`MarkStore::mark`](super::MarkStore::mark) said `None`), so its first
+/// raise says so instead of `old=0`. Out of line: raises are rare, and the
+/// admission around it stays as small as before.
+#[cold]
+#[inline(never)]
+fn log_raise(key: &str, old: u64, new: u64) {
+    if old == 0 {
+        tracing::info!(key = ?key, new, "fencing mark raised: the key's first");
+    } else {
+        tracing::info!(key = ?key, old, new, "fencing mark raised");
     }
 }
 

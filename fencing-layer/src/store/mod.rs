@@ -143,7 +143,10 @@ impl MarkStore {
         self.table.durable.is_some()
     }
 
-    /// The highest token seen for `key`, if any request for it got this far.
+    /// The highest token seen for `key`, if any request for it got this far:
+    /// `None` for a key no request reached (its first raise is logged without
+    /// an `old` value). A key can be tracked at 0 without a raise (a raise the
+    /// verifier refused, or requests with token 0): then `Some(0)`.
     #[must_use]
     pub fn mark(&self, key: &str) -> Option<u64> {
         self.table.keys.get(key).map(|state| state.mark())

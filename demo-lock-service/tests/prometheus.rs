@@ -1,0 +1,112 @@
+//! `promtool check metrics` (Debian's `prometheus` package) on a real
+//! `demo-lock-service`'s `GET /metrics`, before any request and after some:
+//! every counter exists at 0 from the start. Without `promtool` on the `PATH`
+//! the test says SKIPPED and passes, unless `CI=true`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::json;
+
+/// A running `demo-lock-service` on a loopback ephemeral port; killed when dropped.
+struct Service {
+    child: Child,
+    base: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Service {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_demo-lock-service"))
+            .args(["--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path())
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("demo-lock-service starts");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = tx.send(line);
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).expect("`listening on` within 30 s");
+        let addr =
+            line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line: {line:?}"));
+        Self { base: format!("http://{addr}"), child, _dir: dir }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `promtool` on the `PATH`; `None` after a loud SKIPPED line, unless `CI=true`: then the test fails.
+fn promtool() -> Option<std::path::PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    if let Some(found) = std::env::split_paths(&path).map(|dir| dir.join("promtool")).find(|p| p.is_file()) {
+        return Some(found);
+    }
+    let what = "`promtool` not installed (Debian: apt-get install prometheus)";
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true and {what}: this test must run in CI");
+    // Straight to stderr: the harness captures `eprintln!` of passing tests.
+    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {what} ***\n");
+    None
+}
+
+/// `promtool check metrics` on `scrape`; panics with its output unless it passes.
+fn check_metrics(promtool: &std::path::Path, scrape: &str) {
+    let mut child = Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(scrape.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "promtool check metrics: {}\n{}{}\non:\n{scrape}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promtool_accepts_the_scrape_and_every_counter_starts_at_zero() {
+    let Some(promtool) = promtool() else { return };
+    let service = Service::start();
+    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
+    let scrape = || async {
+        http.get(format!("{}/metrics", service.base)).send().await.unwrap().text().await.unwrap()
+    };
+
+    let fresh = scrape().await;
+    for name in ["grants", "conflicts", "expiries", "keepalives", "releases"] {
+        let line = format!("lock_service_{name}_total 0");
+        assert!(fresh.lines().any(|l| l == line), "no {line:?} before any request in:\n{fresh}");
+    }
+    check_metrics(&promtool, &fresh);
+
+    let acquire = |holder: &'static str| {
+        http.post(format!("{}/v1/leases", service.base))
+            .json(&json!({"name": "billing", "holder": holder, "ttl_ms": 60_000}))
+            .send()
+    };
+    assert_eq!(acquire("A").await.unwrap().status(), 201);
+    assert_eq!(acquire("B").await.unwrap().status(), 409);
+    let after = scrape().await;
+    assert!(after.lines().any(|l| l == "lock_service_grants_total 1"), "{after}");
+    assert!(after.lines().any(|l| l == "lock_service_conflicts_total 1"), "{after}");
+    check_metrics(&promtool, &after);
+}

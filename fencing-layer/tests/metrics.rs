@@ -385,3 +385,46 @@ fn keys_a_durable_store_loaded_are_tracked_before_any_raise() {
     assert_eq!(recorded.gauge("fencing_tracked_keys", &[]), 2.0);
     assert_eq!(recorded.outcomes(None), expect(&[]));
 }
+
+/// A shared store that admits every request after a raise that waited 30 ms,
+/// with a permit revoked when `revoke` fires.
+struct RevokingStore(Arc<tokio::sync::Notify>);
+
+impl fencing_layer::SharedStore for RevokingStore {
+    fn admit(&self, _key: &str, _token: u64, _drain: Duration) -> fencing_layer::SharedAdmission {
+        let revoke = Arc::clone(&self.0);
+        Box::pin(async move {
+            let revoked = async move { revoke.notified().await };
+            let permit = fencing_layer::SharedPermit::revocable((), revoked);
+            Ok(permit.with_raise(true, Some(Duration::from_millis(30))))
+        })
+    }
+}
+
+/// Through a shared store: the raise and the drain wait the store reports are
+/// counted, and a request whose permit is revoked counts as `claim-lost`
+/// (503), its inner future dropped.
+#[test]
+fn a_shared_store_reports_raises_drains_and_lost_claims() {
+    let recorded = recorded(false, || async {
+        let revoke = Arc::new(tokio::sync::Notify::new());
+        let layer = FencingLayer::new().shared_store(RevokingStore(Arc::clone(&revoke)));
+        let gate = Arc::new(Semaphore::new(0));
+        let fenced = tower::Layer::layer(&layer, inner(Arc::clone(&gate)));
+        let held = tokio::spawn(fenced.clone().oneshot(post("/held", Some("5"))));
+        tokio::task::yield_now().await;
+        revoke.notify_waiters();
+        let response = held.await.unwrap().unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(matches!(
+            response.extensions().get::<fencing_layer::Rejection>(),
+            Some(fencing_layer::Rejection::ClaimLost { .. })
+        ));
+        gate.add_permits(1);
+        assert_eq!(send(&fenced, post("/other", Some("6"))).await, StatusCode::OK);
+    });
+    assert_eq!(recorded.outcomes(None), expect(&[("admitted", 2), ("claim-lost", 1)]));
+    assert_eq!(recorded.counter("fencing_raises_total", &[]), 2);
+    assert_eq!(recorded.histogram("fencing_drain_wait_seconds", &[]), vec![0.03, 0.03]);
+    assert_eq!(recorded.gauge("fencing_requests_inside", &[]), 0.0);
+}

@@ -259,3 +259,38 @@ async fn the_two_ways_of_fencing_refuse_each_others_keys() {
     assert!(problem["detail"].as_str().unwrap().contains("fenced in-transaction"), "{problem}");
     assert_eq!(common::mark(&db.connect().await, "/r/2").await.as_deref(), Some("3"), "the mark moved");
 }
+
+/// The database goes away (the test's own server, stopped). A token the
+/// replica knows is stale still gets 409, and its current token is still
+/// admitted under its claim, with no database work; once the claim lapses, a
+/// request is 503 and reaches no handler. Nothing is admitted without a claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_the_database_down_known_stale_is_409_and_nothing_new_is_admitted() {
+    let Some(pg) = OwnPg::start() else { return };
+    let probe = Probe::default();
+    let limits = PoolLimits { wait: Duration::from_millis(500), ..PoolLimits::default() };
+    let one = Replica::with_timing(&probe, pg.config(), drain(Duration::from_secs(1)), limits, short()).await;
+    assert_eq!(one.post(1, 4).await.0, 200);
+    assert_eq!(one.post(1, 5).await.0, 200);
+    let pg = tokio::task::spawn_blocking(move || {
+        pg.stop();
+        pg
+    })
+    .await
+    .unwrap();
+    let stopped = Instant::now();
+    assert_eq!(one.post(1, 4).await.0, 409, "a stale token the replica knows about");
+    if stopped.elapsed() < Duration::from_millis(500) {
+        assert_eq!(one.post(1, 5).await.0, 200, "the current token under a claim still valid here");
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await; // past the claim's local deadline
+    let before = probe.events().len();
+    let (status, problem) = one.post(1, 5).await;
+    assert_eq!(status, 503, "{problem}");
+    assert_eq!(problem["type"], "urn:fencing:problem:store-unavailable");
+    let (status, _) = one.post(2, 1).await;
+    assert_eq!(status, 503);
+    assert_eq!(probe.events().len(), before, "a request reached the handler without a claim");
+    assert_eq!(one.post(1, 3).await.0, 409, "still known stale");
+    drop(pg);
+}

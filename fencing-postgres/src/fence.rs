@@ -140,24 +140,17 @@ impl PgFence {
                  PRIMARY KEY (key, replica)
              )"
         );
-        // Lock the row (the latest version, even if it changed since the
-        // statement began), then raise it only if it is lower: a token equal to
-        // the mark locks the row and rewrites nothing.
+        // One upsert: creates the row on first use, otherwise locks it until the
+        // transaction ends, raising it to the token if lower. It rewrites the row
+        // even for an equal token: the variants that only lock it cost more
+        // (BENCHMARKS.md §13). A key owned by the shared store is left untouched,
+        // and the upsert then returns no row.
         let fence = format!(
-            "WITH cur AS (SELECT mark, way FROM {quoted} WHERE key = $1 FOR NO KEY UPDATE),
-             raised AS (
-                 INSERT INTO {quoted} AS m (key, mark, previous, way)
-                 SELECT $1, $2::numeric + {OFFSET}, 0, '{WAY_TRANSACTION}'
-                 WHERE NOT EXISTS (SELECT 1 FROM cur WHERE mark >= $2::numeric + {OFFSET} OR way = '{WAY_CLAIMS}')
-                 ON CONFLICT (key) DO UPDATE
-                     SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark, way = COALESCE(m.way, EXCLUDED.way)
-                     WHERE m.way IS DISTINCT FROM '{WAY_CLAIMS}'
-                 RETURNING (previous - {OFFSET})::int8, (mark - {OFFSET})::int8, way
-             )
-             SELECT * FROM raised
-             UNION ALL
-             SELECT (mark - {OFFSET})::int8, (mark - {OFFSET})::int8, way FROM cur
-             WHERE NOT EXISTS (SELECT 1 FROM raised)"
+            "INSERT INTO {quoted} AS m (key, mark, previous, way) VALUES ($1, $2::numeric + {OFFSET}, 0, '{WAY_TRANSACTION}')
+             ON CONFLICT (key) DO UPDATE
+                 SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark, way = COALESCE(m.way, EXCLUDED.way)
+                 WHERE m.way IS DISTINCT FROM '{WAY_CLAIMS}'
+             RETURNING (previous - {OFFSET})::int8, (mark - {OFFSET})::int8, way"
         );
         let channel = format!("fencing_claims_{:016x}", fnv1a(table.as_bytes()));
         let claims_sql = ClaimStatements {
@@ -269,7 +262,7 @@ impl PgFence {
         // with no prepare round trip first.
         let rows =
             tx.query_typed(&self.sql.fence, &[(&key, Type::TEXT), (&to_wire(token), Type::INT8)]).await?;
-        // No row: the key's row appeared, owned by the shared store, between the lock and the insert.
+        // No row: the key belongs to the shared store (the upsert left its row alone).
         let Some(row) = rows.into_iter().next() else {
             return Err(FenceError::FencedByClaims { key: key.to_owned() });
         };

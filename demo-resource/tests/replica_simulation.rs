@@ -186,7 +186,15 @@ async fn run_seed(seed: u64, fence_in_transaction: bool) -> Option<SeedResult> {
     let mut running = Vec::new();
     for _ in 0..REPLICAS {
         let storage = Storage::Postgres { url: db.url(), fence_in_transaction, shared_marks: false };
-        let resource = Resource::connect(Config { storage, fencing: true, verify_key: None }).await.unwrap();
+        let resource = Resource::connect(Config {
+            storage,
+            fencing: true,
+            verify_key: None,
+            claim_timing: None,
+            claims_session_url: None,
+        })
+        .await
+        .unwrap();
         running.push(resource.spawn("127.0.0.1:0".parse().unwrap()).await.unwrap());
     }
     let world = Arc::new(World {

@@ -13,13 +13,17 @@
 //! write lands on a replica that never saw the newer token.
 //!
 //! With shared marks (`serve --postgres URL --shared-marks`: replica claims,
-//! admitted in memory) the replicas' database traffic runs through stalling
-//! TCP proxies, and at random moments one replica's traffic stops for longer
-//! than the claim term (1 s here): its renewals stop arriving, its background
-//! session is given up and reopened, its claims expire in the database and
-//! raises get in elsewhere. The checker must pass on every seed. A write the
-//! layer stopped (503) counts as of unknown outcome there: its commit may
-//! already have been on its way.
+//! admitted in memory; here a 1 s term) six clients write, more of them
+//! stalling inside (30 %, up to 250 ms), and each replica reaches the database
+//! through two stalling TCP proxies, one for its pool and one for its
+//! background session (renewals, `LISTEN`). Every 0.1–0.6 s the replica last
+//! written to loses its database for longer than the term: either all its
+//! traffic stalls (1.2–2.2 s: renewals stop arriving, writes inside hang, the
+//! session is given up), or its session is closed and cannot be reopened
+//! (0.4–1.4 s) while its pool works. Its claims expire in the database and
+//! raises get in elsewhere; the checker must pass on every seed. A write
+//! answered 503 counts as of unknown outcome there: the layer stops a request
+//! whose claim may lapse wherever its handler is, its commit perhaps sent.
 //!
 //! * `FENCING_REPLICA_SIM_SEEDS=N` — how many seeds (default 3), from 0.
 //! * `FENCING_REPLICA_SIM_SEED=S` — only seed `S`, printing its history.

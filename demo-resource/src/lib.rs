@@ -112,6 +112,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fencing_layer::claims::ClaimTiming;
 use fencing_layer::{Ed25519Verifier, FencingLayer, MarkStore, ProofPublicKey, TokenVerifier};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
@@ -172,17 +173,41 @@ pub struct Config {
     /// Raises need the lock service's proof, signed by this key's secret half
     /// (`--verify-key`); see [`proof_verifier`]. Needs `fencing`.
     pub verify_key: Option<ProofPublicKey>,
+    /// The claims' timing with [`Storage::Postgres`] `{ shared_marks: true }`
+    /// (term, renewal period, margin); `None` is fencing-layer's default (a
+    /// 5 s term). Ignored by the other storages. Shorter terms make a dead or
+    /// cut-off replica hold up raises for less time, at the cost of more
+    /// renewals; see [`fencing_layer::claims::ClaimTiming`].
+    pub claim_timing: Option<ClaimTiming>,
+    /// With shared marks: where the replica's background session (renewals,
+    /// `LISTEN` for raises and releases) connects, if not to the storage's
+    /// `url`: the same database by another route, e.g. straight to PostgreSQL
+    /// when `url` goes through a transaction-pooling PgBouncer, which cannot
+    /// carry `LISTEN`. The tests give it a route of its own to cut.
+    pub claims_session_url: Option<String>,
 }
 
 impl Config {
     /// Fenced, durable in `dir`.
     pub fn durable(dir: impl Into<PathBuf>) -> Self {
-        Self { storage: Storage::Dir(dir.into()), fencing: true, verify_key: None }
+        Self {
+            storage: Storage::Dir(dir.into()),
+            fencing: true,
+            verify_key: None,
+            claim_timing: None,
+            claims_session_url: None,
+        }
     }
 
     /// Fenced, in memory.
     pub fn in_memory() -> Self {
-        Self { storage: Storage::InMemory, fencing: true, verify_key: None }
+        Self {
+            storage: Storage::InMemory,
+            fencing: true,
+            verify_key: None,
+            claim_timing: None,
+            claims_session_url: None,
+        }
     }
 
     /// Fenced by the layer and in each write's transaction, data in PostgreSQL at `url`.
@@ -191,6 +216,8 @@ impl Config {
             storage: Storage::Postgres { url: url.into(), fence_in_transaction: true, shared_marks: false },
             fencing: true,
             verify_key: None,
+            claim_timing: None,
+            claims_session_url: None,
         }
     }
 
@@ -204,6 +231,13 @@ impl Config {
     /// `key`'s secret half, for the path's lock ([`proof_verifier`]).
     pub fn verify_key(mut self, key: ProofPublicKey) -> Self {
         self.verify_key = Some(key);
+        self
+    }
+
+    /// Claims with `timing` instead of the default, with shared marks
+    /// ([`Config::claim_timing`]).
+    pub fn claim_timing(mut self, timing: ClaimTiming) -> Self {
+        self.claim_timing = Some(timing);
         self
     }
 
@@ -382,7 +416,11 @@ impl Resource {
             .await
             .map_err(|e| OpenError(format!("postgres: {e}")))?;
         let shared = match shared_marks {
-            true => Some(data.shared_store(url).map_err(|e| OpenError(format!("postgres: {e}")))?),
+            true => {
+                let session = config.claims_session_url.as_deref().unwrap_or(url);
+                let timing = config.claim_timing.unwrap_or_default();
+                Some(data.shared_store(session, timing).map_err(|e| OpenError(format!("postgres: {e}")))?)
+            }
             false => None,
         };
         let mut resource =

@@ -294,6 +294,8 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
             },
             fencing: true,
             verify_key: None,
+            claim_timing: None,
+            claims_session_url: None,
         },
         None if args.in_memory => Config::in_memory(),
         None => Config::durable(&args.data_dir),

@@ -28,6 +28,7 @@
 use std::future::Future;
 
 use deadpool_postgres::Pool;
+use fencing_layer::claims::ClaimTiming;
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
@@ -100,10 +101,15 @@ impl PgData {
         Ok(Self { pool, fence: fence_in_transaction.then_some(fence) })
     }
 
-    /// The layer's marks shared by every replica on this database (`--shared-marks`).
-    pub(crate) fn shared_store(&self, url: &str) -> Result<fencing_postgres::PgSharedStore, String> {
+    /// The layer's marks shared by every replica on this database (`--shared-marks`),
+    /// the replica's background session opened from `url`.
+    pub(crate) fn shared_store(
+        &self,
+        url: &str,
+        timing: ClaimTiming,
+    ) -> Result<fencing_postgres::PgSharedStore, String> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| format!("bad URL: {e}"))?;
-        Ok(fencing_postgres::PgSharedStore::new(self.pool.clone(), config, PgFence::new()))
+        Ok(fencing_postgres::PgSharedStore::with_timing(self.pool.clone(), config, PgFence::new(), timing))
     }
 
     /// Runs `statement` in a transaction of its own: begin, fence `resource`

@@ -12,8 +12,27 @@
 //! (`--local-marks`) the same schedules must fail it: a paused holder's late
 //! write lands on a replica that never saw the newer token.
 //!
+//! With shared marks (`serve --postgres URL --shared-marks`: replica claims,
+//! admitted in memory; here a 1 s term) six clients write, more of them
+//! stalling inside (30 %, up to 250 ms), and each replica reaches the database
+//! through two stalling TCP proxies, one for its pool and one for its
+//! background session (renewals, `LISTEN`). Every 0.1–0.6 s the replica last
+//! written to loses its database for longer than the term: either all its
+//! traffic stalls (1.2–2.2 s: renewals stop arriving, writes inside hang, the
+//! session is given up), or its session is closed and cannot be reopened
+//! (0.4–1.4 s) while its pool works. Its claims expire in the database and
+//! raises get in elsewhere; the checker must pass on every seed. A write
+//! answered 503 counts as of unknown outcome there: the layer stops a request
+//! whose claim may lapse wherever its handler is, its commit perhaps sent.
+//!
 //! * `FENCING_REPLICA_SIM_SEEDS=N` — how many seeds (default 3), from 0.
 //! * `FENCING_REPLICA_SIM_SEED=S` — only seed `S`, printing its history.
+//!
+//! Built with `--features mutants`, `FENCING_MUTANT=no-deadline-revoke` (a
+//! replica does not stop its requests when a claim's renewals stop) or
+//! `FENCING_MUTANT=session-claims` (a claim is freed when its replica's
+//! session ends) must make the shared-marks test fail:
+//! `demo-resource/claims-sim-mutants.sh` runs both.
 //!
 //! The schedule (keys, pauses, routing, delays) is a function of the seed; the
 //! interleaving is the machine's, since the servers and the database run in
@@ -26,8 +45,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::TestDb;
+use common::stall::StallProxy;
 use demo_lock_service::LockService;
 use demo_resource::{Config, Resource, Storage};
+use fencing_layer::claims::ClaimTiming;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -38,6 +59,27 @@ const RUN_FOR: Duration = Duration::from_millis(2500);
 const CLIENTS: usize = 4;
 const KEYS: usize = 2;
 const REPLICAS: usize = 3;
+/// With shared marks: how long the clients run, and the claims' timing (valid
+/// 800 ms after a renewal is sent, renewed every 200 ms, expiring 1 s after
+/// the database wrote it).
+const SHARED_RUN_FOR: Duration = Duration::from_millis(6000);
+const SHARED_CLIENTS: usize = 6;
+const CLAIMS: ClaimTiming = ClaimTiming {
+    term: Duration::from_secs(1),
+    renew_every: Duration::from_millis(200),
+    margin: Duration::from_millis(200),
+};
+
+/// How the replicas fence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `--postgres`: each write fenced in its own transaction.
+    InTransaction,
+    /// `--local-marks`: per-process marks only.
+    LocalMarks,
+    /// `--shared-marks`, through stalling proxies: replica claims.
+    SharedMarks,
+}
 
 #[derive(Debug, Clone)]
 struct Write {
@@ -56,6 +98,7 @@ struct History {
 }
 
 struct World {
+    mode: Mode,
     lock_url: String,
     replicas: Vec<String>,
     http: reqwest::Client,
@@ -94,8 +137,10 @@ async fn client(world: Arc<World>, id: usize, mut rng: StdRng, end: Instant) {
             seq += 1;
             let value = format!("c{id}:t{token}:n{seq}");
             let replica = rng.random_range(0..REPLICAS);
-            let delay = if rng.random_bool(0.2) {
-                format!("?delay_ms={}", rng.random_range(1..80))
+            // With shared marks, more and longer writes inside while replicas lose their sessions.
+            let (slow, longest) = if world.mode == Mode::SharedMarks { (0.3, 250) } else { (0.2, 80) };
+            let delay = if rng.random_bool(slow) {
+                format!("?delay_ms={}", rng.random_range(1..longest))
             } else {
                 String::new()
             };
@@ -112,6 +157,8 @@ async fn client(world: Arc<World>, id: usize, mut rng: StdRng, end: Instant) {
             };
             let acked = match status {
                 Some(200..=299) => Some(true),
+                // The layer stops a request whose claim may lapse, wherever its handler is.
+                Some(503) if world.mode == Mode::SharedMarks => None,
                 Some(400 | 409 | 428 | 503) => Some(false),
                 _ => None,
             };
@@ -176,32 +223,109 @@ struct SeedResult {
     acked: usize,
     refused: usize,
     pauses: usize,
+    stalls: usize,
+    severed: usize,
+    unknown: usize,
 }
 
-async fn run_seed(seed: u64, fence_in_transaction: bool) -> Option<SeedResult> {
+/// A replica's two routes to the database: its pool's, and its background
+/// session's (renewals, `LISTEN`).
+struct Routes {
+    data: StallProxy,
+    session: StallProxy,
+}
+
+/// Until `end`, 0.1–0.6 s after the last fault ended, the replica the last
+/// write was sent to loses its database for longer
+/// than the claim term, one of two ways at random:
+/// - (3 in 5) a *stall*: no byte moves on either route for 1.2–2.2 s (nothing is closed);
+/// - (2 in 5) a *severed session*: its background session is closed and cannot be
+///   reopened for 0.4–1.4 s; its pool's route keeps working.
+async fn faults(world: Arc<World>, routes: Arc<Vec<Routes>>, mut rng: StdRng, end: Instant) {
+    loop {
+        sleep(Duration::from_millis(rng.random_range(100..600))).await;
+        if Instant::now() >= end {
+            return;
+        }
+        // The replica the last write was sent to: one likely to hold claims.
+        let last = world.history.lock().unwrap().writes.last().map(|write| write.replica);
+        let replica = last.unwrap_or_else(|| rng.random_range(0..routes.len()));
+        let routes = &routes[replica];
+        if rng.random_bool(0.6) {
+            let stall = Duration::from_millis(rng.random_range(1200..2200));
+            world.event(format!("r{replica} database traffic stalled for {} ms", stall.as_millis()));
+            routes.data.stall();
+            routes.session.stall();
+            sleep(stall).await;
+            routes.data.resume();
+            routes.session.resume();
+            world.event(format!("r{replica} database traffic resumed"));
+        } else {
+            let severed = Duration::from_millis(rng.random_range(400..1400));
+            world.event(format!("r{replica} session severed for {} ms", severed.as_millis()));
+            routes.session.sever();
+            sleep(severed).await;
+            routes.session.restore();
+            world.event(format!("r{replica} session route restored"));
+        }
+    }
+}
+
+async fn run_seed(seed: u64, mode: Mode) -> Option<SeedResult> {
     let db = TestDb::create().await?;
     let dir = tempfile::tempdir().unwrap();
     let lock = LockService::open(demo_lock_service::Config::new(dir.path().join("locks"))).unwrap();
     let lock = lock.spawn("127.0.0.1:0".parse().unwrap()).await.unwrap();
     let mut running = Vec::new();
+    let mut routes = Vec::new();
     for _ in 0..REPLICAS {
-        let storage = Storage::Postgres { url: db.url(), fence_in_transaction, shared_marks: false };
-        let resource = Resource::connect(Config { storage, fencing: true, verify_key: None }).await.unwrap();
+        let (url, session) = match mode {
+            Mode::SharedMarks => {
+                let postgres = ([127, 0, 0, 1], 5432).into();
+                let (data, session) = (StallProxy::start(postgres).await, StallProxy::start(postgres).await);
+                let urls = (db.url_via(data.addr.port()), Some(db.url_via(session.addr.port())));
+                routes.push(Routes { data, session });
+                urls
+            }
+            Mode::InTransaction | Mode::LocalMarks => (db.url(), None),
+        };
+        let storage = Storage::Postgres {
+            url,
+            fence_in_transaction: mode == Mode::InTransaction,
+            shared_marks: mode == Mode::SharedMarks,
+        };
+        let config = Config {
+            storage,
+            fencing: true,
+            verify_key: None,
+            claim_timing: Some(CLAIMS),
+            claims_session_url: session,
+        };
+        let resource = Resource::connect(config).await.unwrap();
         running.push(resource.spawn("127.0.0.1:0".parse().unwrap()).await.unwrap());
     }
+    let routes = Arc::new(routes);
     let world = Arc::new(World {
+        mode,
         lock_url: lock.base_url(),
         replicas: running.iter().map(|r| r.base_url()).collect(),
         http: reqwest::Client::new(),
         history: Mutex::default(),
     });
     let mut rng = StdRng::seed_from_u64(seed);
-    let end = Instant::now() + RUN_FOR;
-    let clients: Vec<_> = (0..CLIENTS)
+    let end = Instant::now() + if mode == Mode::SharedMarks { SHARED_RUN_FOR } else { RUN_FOR };
+    let clients = if mode == Mode::SharedMarks { SHARED_CLIENTS } else { CLIENTS };
+    let clients: Vec<_> = (0..clients)
         .map(|id| tokio::spawn(client(Arc::clone(&world), id, StdRng::seed_from_u64(rng.random()), end)))
         .collect();
+    let faults = (mode == Mode::SharedMarks).then(|| {
+        tokio::spawn(faults(Arc::clone(&world), Arc::clone(&routes), StdRng::seed_from_u64(seed), end))
+    });
     for client in clients {
         client.await.unwrap();
+    }
+    if let Some(faults) = faults {
+        faults.await.unwrap();
     }
     let mut logs = HashMap::new();
     for key in 0..KEYS {
@@ -229,6 +353,9 @@ async fn run_seed(seed: u64, fence_in_transaction: bool) -> Option<SeedResult> {
         acked: count(&|w| w.acked == Some(true)),
         refused: count(&|w| w.acked == Some(false)),
         pauses: history.events.iter().filter(|e| e.contains("paused")).count(),
+        stalls: history.events.iter().filter(|e| e.contains("stalled for")).count(),
+        severed: history.events.iter().filter(|e| e.contains("severed for")).count(),
+        unknown: count(&|w| w.acked.is_none()),
         violations,
     })
 }
@@ -246,14 +373,14 @@ async fn replicas_fenced_in_the_database_pass_the_checker_and_local_marks_fail_i
     let (mut totals, mut local_failures) = ([0; 4], 0);
     let seeds = seeds();
     for &seed in &seeds {
-        let Some(fenced) = run_seed(seed, true).await else { return };
+        let Some(fenced) = run_seed(seed, Mode::InTransaction).await else { return };
         assert!(fenced.violations.is_empty(), "seed {seed}, --postgres: {:#?}", fenced.violations);
         assert!(fenced.acked > 0 && fenced.refused > 0, "seed {seed}: nothing was contested");
         for (total, n) in totals.iter_mut().zip([fenced.writes, fenced.acked, fenced.refused, fenced.pauses])
         {
             *total += n;
         }
-        let local = run_seed(seed, false).await.expect("PostgreSQL went away");
+        let local = run_seed(seed, Mode::LocalMarks).await.expect("PostgreSQL went away");
         eprintln!(
             "seed {seed}: --postgres {} writes, {} acked, {} refused, 0 violations; --local-marks {} violations, first: {}",
             fenced.writes,
@@ -271,4 +398,39 @@ async fn replicas_fenced_in_the_database_pass_the_checker_and_local_marks_fail_i
         seeds.len()
     );
     assert_eq!(local_failures, seeds.len(), "per-process marks passed on a schedule that needs shared ones");
+}
+
+/// Shared marks (replica claims) while replicas lose their database at random
+/// moments, for longer than the claim term (stalls, severed sessions): 0
+/// violations on every seed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replicas_with_shared_marks_pass_the_checker_through_lost_sessions() {
+    let seeds = seeds();
+    let (mut totals, mut failed) = ([0; 7], Vec::new());
+    for &seed in &seeds {
+        let Some(run) = run_seed(seed, Mode::SharedMarks).await else { return };
+        let counts = [run.writes, run.acked, run.refused, run.unknown, run.pauses, run.stalls, run.severed];
+        let [writes, acked, refused, unknown, pauses, stalls, severed] = counts;
+        let first = run.violations.first().map_or(String::new(), |first| format!(", first: {first}"));
+        eprintln!(
+            "seed {seed}: --shared-marks {writes} writes, {acked} acked, {refused} refused, {unknown} unknown, \
+             {pauses} pauses, {stalls} stalls, {severed} severed sessions, {} violations{first}",
+            run.violations.len()
+        );
+        for (total, n) in totals.iter_mut().zip(counts) {
+            *total += n;
+        }
+        assert!(acked > 0, "seed {seed}: nothing was acknowledged");
+        if !run.violations.is_empty() {
+            failed.push((seed, run.violations));
+        }
+    }
+    let [writes, acked, refused, unknown, pauses, stalls, severed] = totals;
+    eprintln!(
+        "{} seeds: --shared-marks {writes} writes, {acked} acked, {refused} refused, {unknown} unknown, \
+         {pauses} pauses, {stalls} stalls, {severed} severed sessions; violations on {} seeds",
+        seeds.len(),
+        failed.len()
+    );
+    assert!(failed.is_empty(), "VIOLATIONS with shared marks: {failed:#?}");
 }

@@ -212,6 +212,8 @@ impl PgFence {
             ),
             channel,
         };
+        #[cfg(feature = "mutants")]
+        let (migrate, claims_sql) = mutant::session_claims(migrate, claims_sql, &claims);
         Self { sql: Arc::new(Statements { table, migrate, fence, claims: claims_sql }) }
     }
 
@@ -313,5 +315,49 @@ mod tests {
         }
         assert_eq!(to_wire(0), i64::MIN);
         assert_eq!(to_wire(u64::MAX), i64::MAX);
+    }
+}
+
+/// The mutant switch of the `mutants` feature (tests only; see Cargo.toml).
+#[cfg(feature = "mutants")]
+mod mutant {
+    use super::{ClaimStatements, OFFSET};
+
+    /// `FENCING_MUTANT=session-claims`: a claim is freed when its replica's
+    /// background session ends, as if it were a session-level lock. Each
+    /// renewal records the session's `pg_backend_pid()` for the replica; a
+    /// grant deletes the lower claims of every replica whose recorded session
+    /// is gone from `pg_stat_activity`, live or not. (The real protocol frees
+    /// a claim only by its release or its expiry.) Otherwise returns the
+    /// statements unchanged.
+    pub(super) fn session_claims(
+        migrate: String,
+        mut sql: ClaimStatements,
+        claims: &str,
+    ) -> (String, ClaimStatements) {
+        if std::env::var("FENCING_MUTANT").as_deref() != Ok("session-claims") {
+            return (migrate, sql);
+        }
+        tracing::error!("MUTANT session-claims: a replica's claims are freed when its session ends");
+        let sessions = "fencing_mutant_sessions";
+        let migrate = format!(
+            "{migrate}; CREATE TABLE IF NOT EXISTS {sessions} (replica TEXT PRIMARY KEY, pid INT NOT NULL)"
+        );
+        sql.drop_expired = format!(
+            "DELETE FROM {claims} c
+             WHERE c.key = $1 AND c.token < $2::numeric + {OFFSET}
+               AND (c.expires_at <= clock_timestamp() OR EXISTS (
+                   SELECT 1 FROM {sessions} s WHERE s.replica = c.replica
+                   AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.pid = s.pid)))"
+        );
+        let renew = sql.renew.strip_prefix("WITH ").expect("the renewal is a WITH query");
+        sql.renew = format!(
+            "WITH session AS (
+                 INSERT INTO {sessions} (replica, pid) VALUES ($1, pg_backend_pid())
+                 ON CONFLICT (replica) DO UPDATE SET pid = EXCLUDED.pid
+             ),
+             {renew}"
+        );
+        (migrate, sql)
     }
 }

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use tokio_postgres::{Client, Config, NoTls};
 
+pub mod stall;
+
 const SERVER: &str = "host=127.0.0.1 port=5432 user=postgres connect_timeout=3";
 
 /// Every await on the database in a test is bounded by this.
@@ -45,6 +47,11 @@ impl TestDb {
     /// The database as a `--postgres` URL.
     pub fn url(&self) -> String {
         format!("postgres://postgres@127.0.0.1:5432/{}?connect_timeout=3", self.name)
+    }
+
+    /// The database as a `--postgres` URL through 127.0.0.1:`port` (a proxy's).
+    pub fn url_via(&self, port: u16) -> String {
+        format!("postgres://postgres@127.0.0.1:{port}/{}?connect_timeout=3", self.name)
     }
 
     /// A new connection to this database, its connection task spawned.

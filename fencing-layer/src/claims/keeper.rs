@@ -148,10 +148,13 @@ fn revoke_expired(store: &Weak<Inner>) {
 impl Inner {
     /// The earliest deadline of a claim that still admits or has requests inside.
     fn next_deadline(&self) -> Option<Instant> {
+        let now = self.now();
         let soonest = self
             .claims
             .iter()
             .filter(|claim| matches!(claim.state(), State::Valid | State::Overtaken))
+            // The mutant never revokes: a past deadline would wake the keeper in a loop.
+            .filter(|claim| !mutant::no_deadline_revoke() || claim.deadline() > now)
             .map(|claim| claim.deadline())
             .min()?;
         Some(self.epoch + Duration::from_nanos(soonest))
@@ -159,6 +162,9 @@ impl Inner {
 
     /// Revokes every claim whose deadline has passed: its requests are stopped.
     fn revoke_expired(&self) {
+        if mutant::no_deadline_revoke() {
+            return;
+        }
         let now = self.now();
         for claim in self.claims.iter() {
             if matches!(claim.state(), State::Valid | State::Overtaken) && claim.deadline() <= now {
@@ -206,5 +212,29 @@ impl Inner {
                 claim.revoke();
             }
         }
+    }
+}
+
+/// The mutant switch of the `mutants` feature (tests only): without the
+/// feature, every switch is a constant `false`.
+mod mutant {
+    /// `FENCING_MUTANT=no-deadline-revoke`: the keeper stops no request when a
+    /// claim's local deadline passes (a lost renewal cancels nothing).
+    #[cfg(feature = "mutants")]
+    pub(super) fn no_deadline_revoke() -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            let on = std::env::var("FENCING_MUTANT").is_ok_and(|mutant| mutant == "no-deadline-revoke");
+            if on {
+                tracing::error!("MUTANT no-deadline-revoke: claims are not revoked at their local deadline");
+            }
+            on
+        })
+    }
+
+    #[cfg(not(feature = "mutants"))]
+    #[inline(always)]
+    pub(super) const fn no_deadline_revoke() -> bool {
+        false
     }
 }

@@ -11,7 +11,7 @@
 //!
 //! ```sh
 //! cargo test -p fencing-layer --release --test claims_model -- --nocapture
-//! CLAIMS_STEPS=14 cargo test ...   # another bound (0: no bound; it does not end in hours)
+//! CLAIMS_STEPS=14 cargo test ...   # another bound (0: none; 2 replicas then ran past 3 min and 6 GB)
 //! fencing-layer/claims-mutants.sh  # each mutant below must be caught
 //! ```
 //!

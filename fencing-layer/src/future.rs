@@ -68,15 +68,12 @@ pin_project! {
         // Admitted by a shared store: the inner future, and the permit that holds
         // its place. Field order matters: the inner future is dropped before the
         // permit lets the next holder in.
+        // The place is boxed, like the waiting states, so that the common case's
+        // future stays the size of the inner one.
         SharedInside {
             #[pin]
             future: S::Future,
-            permit: SharedPermit,
-            counted: InsideCount,
-            key: Option<String>,
-            token: FencingToken,
-            grpc: bool,
-            shared: Arc<Shared<E, R>>,
+            place: Box<SharedPlace<E, R>>,
         },
         // Answered in `call`; the response is built when first polled.
         Rejected {
@@ -159,6 +156,17 @@ pin_project! {
         grpc: bool,
         shared: Arc<Shared<E, R>>,
     }
+}
+
+/// A request a shared store admitted: its permit, its count in the metrics,
+/// and what a revocation's 503 needs (the key, unless the permit knows it).
+struct SharedPlace<E, R> {
+    permit: SharedPermit,
+    _counted: InsideCount,
+    key: Option<String>,
+    token: FencingToken,
+    grpc: bool,
+    shared: Arc<Shared<E, R>>,
 }
 
 /// An admitted request's place inside: the key's guard, and its count in the
@@ -372,7 +380,8 @@ where
         shared: &Arc<Shared<E, R>>,
     ) -> Self {
         let counted = shared.config.metrics.admitted();
-        Self::SharedInside { future, permit, counted, key, token, grpc, shared: Arc::clone(shared) }
+        let place = SharedPlace { permit, _counted: counted, key, token, grpc, shared: Arc::clone(shared) };
+        Self::SharedInside { future, place: Box::new(place) }
     }
 
     /// Calls `inner` with a request admitted under the cancel policy, unless
@@ -498,15 +507,15 @@ where
                     }
                     return poll;
                 }
-                KindProj::SharedInside { future, permit, key, token, grpc, shared, .. } => {
-                    if permit.poll_revoked(cx).is_ready() {
-                        let key = key.take().or_else(|| permit.key().map(str::to_owned));
+                KindProj::SharedInside { future, place } => {
+                    if place.permit.poll_revoked(cx).is_ready() {
+                        let key = place.key.take().or_else(|| place.permit.key().map(str::to_owned));
                         let rejection = Rejection::ClaimLost {
                             key: key.unwrap_or_default(),
-                            presented: token.get(),
-                            retry_after: shared.config.retry_after,
+                            presented: place.token.get(),
+                            retry_after: place.shared.config.retry_after,
                         };
-                        let response = shared.answer(rejection, *grpc);
+                        let response = place.shared.answer(rejection, place.grpc);
                         // Drops the inner future, then the permit.
                         kind.set(Kind::Finished);
                         return Poll::Ready(Ok(response));

@@ -127,6 +127,11 @@ impl PgData {
             return Err(FenceError::KeyHasNul);
         }
         let mut client = self.pool.get().await?;
+        if let (Some(fence), Some(_)) = (&self.fence, token) {
+            // Prepared once per pooled connection (no wait after that), so
+            // that the fence always goes out ahead of the write below.
+            fence.prepare(&client).await?;
+        }
         let tx = client.transaction().await?;
         let mut wait = std::pin::pin!(wait);
         // No `delay_ms`: the write goes out right behind the fence, in the same

@@ -2,11 +2,11 @@
 
 use std::sync::Arc;
 
-use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::Client;
 
 use crate::error::FenceError;
 use crate::table::{InvalidTableName, quote};
+use crate::transaction::FenceTransaction;
 
 /// The mark table's name unless [`PgFence::table`] sets another.
 pub const DEFAULT_TABLE: &str = "fencing_marks";
@@ -140,17 +140,29 @@ impl PgFence {
                  PRIMARY KEY (key, replica)
              )"
         );
-        // One upsert: creates the row on first use, otherwise locks it until the
-        // transaction ends, raising it to the token if lower. It rewrites the row
-        // even for an equal token: the variants that only lock it cost more
-        // (BENCHMARKS.md §13). A key owned by the shared store is left untouched,
-        // and the upsert then returns no row.
+        // Lock first, write only when needed. `cur` locks the key's row (a
+        // lower-token transaction holding it is waited for; under READ
+        // COMMITTED the wait ends on the latest committed row). An equal or
+        // higher mark is the answer as it stands: the row is locked, not
+        // rewritten. A missing row or a lower mark goes to the upsert, which
+        // inserts or raises (a row another transaction inserted meanwhile is
+        // raised with GREATEST). A key owned by the shared store is never
+        // changed: the upsert skips it and `cur` reports its way.
         let fence = format!(
-            "INSERT INTO {quoted} AS m (key, mark, previous, way) VALUES ($1, $2::numeric + {OFFSET}, 0, '{WAY_TRANSACTION}')
-             ON CONFLICT (key) DO UPDATE
-                 SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark, way = COALESCE(m.way, EXCLUDED.way)
-                 WHERE m.way IS DISTINCT FROM '{WAY_CLAIMS}'
-             RETURNING (previous - {OFFSET})::int8, (mark - {OFFSET})::int8, way"
+            "WITH cur AS (
+                 SELECT mark, way FROM {quoted} WHERE key = $1 FOR NO KEY UPDATE
+             ), up AS (
+                 INSERT INTO {quoted} AS m (key, mark, previous, way)
+                 SELECT $1, $2::numeric + {OFFSET}, 0, '{WAY_TRANSACTION}'
+                 WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.mark >= $2::numeric + {OFFSET})
+                 ON CONFLICT (key) DO UPDATE
+                     SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark, way = COALESCE(m.way, EXCLUDED.way)
+                     WHERE m.way IS DISTINCT FROM '{WAY_CLAIMS}'
+                 RETURNING previous, mark, way
+             )
+             SELECT (previous - {OFFSET})::int8, (mark - {OFFSET})::int8, way FROM up
+             UNION ALL
+             SELECT (mark - {OFFSET})::int8, (mark - {OFFSET})::int8, way FROM cur WHERE NOT EXISTS (SELECT 1 FROM up)"
         );
         let channel = format!("fencing_claims_{:016x}", fnv1a(table.as_bytes()));
         let claims_sql = ClaimStatements {
@@ -250,21 +262,29 @@ impl PgFence {
     /// returned as [`FenceError::Retry`]. Bound the wait with
     /// `SET LOCAL lock_timeout = '…'` before fencing; running out is `Retry` too.
     ///
-    /// Taking a `Transaction`, not any client, is the point: on an autocommit
-    /// connection the mark would commit, and unlock, before the write.
-    /// A deadpool `Transaction` derefs to this one.
-    pub async fn fence(&self, tx: &Transaction<'_>, key: &str, token: u64) -> Result<Fenced, FenceError> {
+    /// Taking a transaction, not any client, is the point: on an autocommit
+    /// connection the mark would commit, and unlock, before the write. A
+    /// pooled (`deadpool_postgres`) transaction prepares the statement once per
+    /// connection; a plain `tokio_postgres` one sends it unprepared each time
+    /// ([`FenceTransaction`]). To send the write in the same round trip as the
+    /// fence (`try_join!` of both), call [`prepare`](Self::prepare) first, so
+    /// that the fence goes out ahead of the write on a connection's first use too.
+    pub async fn fence<T: FenceTransaction + ?Sized>(
+        &self,
+        tx: &T,
+        key: &str,
+        token: u64,
+    ) -> Result<Fenced, FenceError> {
         if key.len() > MAX_KEY_BYTES {
             return Err(FenceError::KeyTooLong { limit: MAX_KEY_BYTES });
         }
         if key.contains('\0') {
             return Err(FenceError::KeyHasNul);
         }
-        // Typed parameters: parse, bind and execute go in one message batch,
-        // with no prepare round trip first.
-        let rows =
-            tx.query_typed(&self.sql.fence, &[(&key, Type::TEXT), (&to_wire(token), Type::INT8)]).await?;
-        // No row: the key belongs to the shared store (the upsert left its row alone).
+        let rows = tx.fence_query(&self.sql.fence, key, to_wire(token)).await?;
+        // No row: neither `cur` nor `up` had one. Only a race on a key's first
+        // use does that: the row was inserted after this statement's snapshot
+        // and belongs to the shared store (the upsert left it alone).
         let Some(row) = rows.into_iter().next() else {
             return Err(FenceError::FencedByClaims { key: key.to_owned() });
         };
@@ -281,6 +301,15 @@ impl PgFence {
             tracing::debug!(key, previous, token, "fencing mark raised");
         }
         Ok(Fenced { token, previous })
+    }
+
+    /// Prepares the fence statement on a pooled connection, unless its
+    /// statement cache holds it already (then this does not wait). After it, a
+    /// [`fence`](Self::fence) on that connection sends its statement on its
+    /// first poll, ahead of a write polled after it.
+    pub async fn prepare(&self, client: &deadpool_postgres::ClientWrapper) -> Result<(), FenceError> {
+        client.prepare_typed_cached(&self.sql.fence, &crate::transaction::PARAMS).await?;
+        Ok(())
     }
 }
 

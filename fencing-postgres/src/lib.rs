@@ -85,21 +85,31 @@
 //!
 //! # The statement
 //!
-//! One statement, so one round trip per fenced transaction (sent with typed
-//! parameters, so no prepare round trip either). Without the token encoding
-//! (below), it reads:
+//! One statement, so one round trip per fenced transaction, and it can go out
+//! with the write (`try_join!` of both, after [`PgFence::prepare`]). A pooled
+//! transaction prepares it once per connection; a plain `tokio_postgres` one
+//! sends it with typed parameters each time ([`FenceTransaction`]). Without
+//! the token encoding (below), it reads:
 //!
 //! ```sql
-//! INSERT INTO fencing_marks AS m (key, mark, previous) VALUES ($1, $2, 0)
-//! ON CONFLICT (key) DO UPDATE SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark
-//! RETURNING previous, mark
+//! WITH cur AS (SELECT mark FROM fencing_marks WHERE key = $1 FOR NO KEY UPDATE),
+//! up AS (
+//!   INSERT INTO fencing_marks AS m (key, mark, previous)
+//!   SELECT $1, $2, 0 WHERE NOT EXISTS (SELECT 1 FROM cur WHERE cur.mark >= $2)
+//!   ON CONFLICT (key) DO UPDATE SET mark = GREATEST(m.mark, EXCLUDED.mark), previous = m.mark
+//!   RETURNING previous, mark
+//! )
+//! SELECT previous, mark FROM up
+//! UNION ALL SELECT mark, mark FROM cur WHERE NOT EXISTS (SELECT 1 FROM up)
 //! ```
 //!
-//! The upsert creates the row on first use and otherwise locks it until the
-//! transaction ends. A returned mark above the token is a stale token: the
-//! row was touched but not changed, and the caller's rollback undoes even
-//! that. `previous` only carries the mark the statement found back to
-//! [`Fenced`] (an upsert returns only the new row before PostgreSQL 18).
+//! It locks the key's row until the transaction ends. A token equal to the
+//! mark (every write of a holder after its first) only locks it: the row is
+//! not rewritten, so no new row version and no dead tuple per write. A higher
+//! token, or a key's first use, goes through the upsert, which raises or
+//! creates the row. A returned mark above the token is a stale token: the row
+//! was locked but not changed, and the caller's rollback releases it.
+//! `previous` carries the mark the statement found back to [`Fenced`].
 //!
 //! Tokens are `u64`; the table keeps them in `NUMERIC(20,0)`, so a mark reads
 //! as the token it is and an operator can reset one with plain SQL
@@ -177,9 +187,11 @@ mod fence;
 mod pool;
 mod shared;
 mod table;
+mod transaction;
 
 pub use crate::error::FenceError;
 pub use crate::fence::{DEFAULT_TABLE, Fenced, MAX_KEY_BYTES, PgFence};
 pub use crate::pool::{PoolLimits, pool};
 pub use crate::shared::PgSharedStore;
 pub use crate::table::InvalidTableName;
+pub use crate::transaction::FenceTransaction;

@@ -203,3 +203,68 @@ async fn repeatable_read_sees_a_concurrent_raise_as_a_retry() {
     // The retry, in a new transaction, goes through.
     assert_eq!(fence_once(&fence, &mut client, "k", 3).await.unwrap().previous, 2);
 }
+
+/// The row's version (`xmin`, the transaction that wrote it) and its mark.
+async fn row_version(client: &Client, key: &str) -> (String, String) {
+    let row = client
+        .query_one("SELECT xmin::text, mark::text FROM fencing_marks WHERE key = $1", &[&key])
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn an_equal_token_locks_the_row_without_rewriting_it() {
+    let Some(db) = TestDb::create().await else { return };
+    let fence = db.fence().await;
+    let mut client = db.connect().await;
+    let observer = db.connect().await;
+
+    fence_once(&fence, &mut client, "/docs/a", 5).await.unwrap();
+    let written = row_version(&observer, "/docs/a").await;
+    // An equal token: admitted, the row locked until the end, but not rewritten.
+    let tx = client.transaction().await.unwrap();
+    assert_eq!(fence.fence(&tx, "/docs/a", 5).await.unwrap(), Fenced { token: 5, previous: 5 });
+    let free = observer
+        .query("SELECT 1 FROM fencing_marks WHERE key = '/docs/a' FOR UPDATE SKIP LOCKED", &[])
+        .await
+        .unwrap();
+    assert!(free.is_empty(), "the fence must hold the row's lock until the transaction ends");
+    tx.commit().await.unwrap();
+    assert_eq!(row_version(&observer, "/docs/a").await, written, "an equal token rewrote the row");
+    // A stale one neither.
+    let tx = client.transaction().await.unwrap();
+    assert!(matches!(fence.fence(&tx, "/docs/a", 4).await, Err(FenceError::Stale { .. })));
+    tx.commit().await.unwrap();
+    assert_eq!(row_version(&observer, "/docs/a").await, written);
+    // A higher one raises: a new row version.
+    fence_once(&fence, &mut client, "/docs/a", 6).await.unwrap();
+    let raised = row_version(&observer, "/docs/a").await;
+    assert_ne!(raised.0, written.0);
+    assert_eq!(raised.1, "6");
+}
+
+#[tokio::test]
+async fn a_pooled_transaction_prepares_the_statement_once_per_connection() {
+    let Some(db) = TestDb::create().await else { return };
+    let fence = db.fence().await;
+    let pool = db.pool(PoolLimits { max_size: 1, ..PoolLimits::default() });
+    for token in [3, 3, 4, 4] {
+        let mut client = pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        assert_eq!(fence.fence(&tx, "/docs/p", token).await.unwrap().token, token);
+        tx.commit().await.unwrap();
+    }
+    let client = pool.get().await.unwrap();
+    fence.prepare(&client).await.unwrap(); // cached: no second statement
+    let prepared: i64 = client
+        .query_one("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH cur AS%'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(prepared, 1, "one prepared fence statement on the pool's one connection");
+    // A stale token through the cached statement is refused as before.
+    let mut client = client;
+    let tx = client.transaction().await.unwrap();
+    assert!(matches!(fence.fence(&tx, "/docs/p", 2).await, Err(FenceError::Stale { highest: 4, .. })));
+}

@@ -48,18 +48,18 @@ pub enum InFlightPolicy {
 /// one [`MarkStore`]. See the [crate docs](crate) for the HTTP contract.
 #[must_use]
 pub struct FencingLayer<E = PathKey, R = ProblemJson> {
-    shared: Arc<Shared<E, R>>,
+    settings: Arc<Settings<E, R>>,
 }
 
 /// Everything a [`Fencing`] service and its futures read.
 #[derive(Clone)]
-pub(crate) struct Shared<E, R> {
+pub(crate) struct Settings<E, R> {
     pub(crate) extractor: E,
     pub(crate) responder: R,
     pub(crate) config: Config,
 }
 
-impl<E, R> Shared<E, R> {
+impl<E, R> Settings<E, R> {
     /// The response for `rejection`: a gRPC status to a gRPC request (unless
     /// turned off), the responder's otherwise. Every refusal passes here, and is counted.
     pub(crate) fn answer<B>(&self, rejection: Rejection, grpc: bool) -> Response<B>
@@ -169,7 +169,7 @@ impl Config {
 
     /// Gives an admitted request its token, in the extensions, unless told not to.
     #[inline(always)]
-    pub(crate) fn hand_over<B>(&self, request: &mut Request<B>, token: FencingToken) {
+    pub(crate) fn insert_token_extension<B>(&self, request: &mut Request<B>, token: FencingToken) {
         if self.token_extension {
             request.extensions_mut().insert(token);
         }
@@ -216,13 +216,13 @@ impl Default for FencingLayer {
 
 impl<E, R> FencingLayer<E, R> {
     fn from_parts(extractor: E, responder: R, config: Config) -> Self {
-        Self { shared: Arc::new(Shared { extractor, responder, config }) }
+        Self { settings: Arc::new(Settings { extractor, responder, config }) }
     }
 
     /// The store holding this layer's marks.
     #[must_use]
     pub fn mark_store(&self) -> &MarkStore {
-        &self.shared.config.store
+        &self.settings.config.store
     }
 }
 
@@ -230,9 +230,9 @@ impl<E, R> FencingLayer<E, R> {
 // the `Clone` bounds only cover a builder called on a clone.
 impl<E: Clone, R: Clone> FencingLayer<E, R> {
     fn with(self, change: impl FnOnce(&mut Config)) -> Self {
-        let mut shared = Arc::unwrap_or_clone(self.shared);
-        change(&mut shared.config);
-        Self { shared: Arc::new(shared) }
+        let mut settings = Arc::unwrap_or_clone(self.settings);
+        change(&mut settings.config);
+        Self { settings: Arc::new(settings) }
     }
 
     /// Reads the token from `header` instead of `Fencing-Token`.
@@ -379,13 +379,13 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// When `namespace` is empty or contains `:` ([`NAMESPACE_SEPARATOR`](crate::NAMESPACE_SEPARATOR)).
     #[track_caller]
     pub fn key_namespace(self, namespace: &str) -> FencingLayer<Namespaced<E>, R> {
-        let Shared { extractor, responder, config } = Arc::unwrap_or_clone(self.shared);
+        let Settings { extractor, responder, config } = Arc::unwrap_or_clone(self.settings);
         FencingLayer::from_parts(Namespaced::new(namespace, extractor), responder, config)
     }
 
     /// Keys requests with `extractor` instead of by path.
     pub fn key_extractor<E2>(self, extractor: E2) -> FencingLayer<E2, R> {
-        let Shared { responder, config, .. } = Arc::unwrap_or_clone(self.shared);
+        let Settings { responder, config, .. } = Arc::unwrap_or_clone(self.settings);
         FencingLayer::from_parts(extractor, responder, config)
     }
 
@@ -439,20 +439,20 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
 
     /// Answers rejections with `responder` instead of problem+json.
     pub fn on_rejection<R2>(self, responder: R2) -> FencingLayer<E, R2> {
-        let Shared { extractor, config, .. } = Arc::unwrap_or_clone(self.shared);
+        let Settings { extractor, config, .. } = Arc::unwrap_or_clone(self.settings);
         FencingLayer::from_parts(extractor, responder, config)
     }
 }
 
 impl<E, R> Clone for FencingLayer<E, R> {
     fn clone(&self) -> Self {
-        Self { shared: Arc::clone(&self.shared) }
+        Self { settings: Arc::clone(&self.settings) }
     }
 }
 
 impl<E, R> fmt::Debug for FencingLayer<E, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = &self.shared.config;
+        let s = &self.settings.config;
         f.debug_struct("FencingLayer")
             .field("header", &s.header)
             .field("unfenced_methods", &s.unfenced_methods)
@@ -474,7 +474,7 @@ impl<S, E, R> Layer<S> for FencingLayer<E, R> {
 
     fn layer(&self, inner: S) -> Self::Service {
         // Every series at zero from now on, not from the first request.
-        self.shared.config.metrics.register(&self.shared.config.store);
-        Fencing::from_shared(inner, Arc::clone(&self.shared))
+        self.settings.config.metrics.register(&self.settings.config.store);
+        Fencing::from_settings(inner, Arc::clone(&self.settings))
     }
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::store::StoreError;
+use crate::layer::Config;
+use crate::store::{SharedRefusal, StoreError};
 use crate::token::TokenError;
 
 /// A request the fencing layer refused, and why.
@@ -248,3 +249,37 @@ impl fmt::Display for Rejection {
 }
 
 impl std::error::Error for Rejection {}
+
+/// Where the layer's refusals come from: each kind of error maps to its
+/// rejection here, once.
+impl Rejection {
+    /// A mark store's `error` for `presented` on `key`: a full key table and a
+    /// key too long are the request's (400, 503 without a key); anything else
+    /// is the store being unavailable (503 with `Retry-After`).
+    pub(crate) fn from_store_error(error: StoreError, key: String, presented: u64, config: &Config) -> Self {
+        match error {
+            StoreError::KeyTableFull { limit } => Self::KeyTableFull { limit },
+            StoreError::KeyTooLong { limit } => Self::KeyTooLong { limit },
+            error => Self::StoreUnavailable { key, presented, error, retry_after: config.retry_after },
+        }
+    }
+
+    /// A shared store's `refusal` of `presented` on `key`.
+    pub(crate) fn from_shared_refusal(
+        refusal: SharedRefusal,
+        key: String,
+        presented: u64,
+        config: &Config,
+    ) -> Self {
+        let retry_after = config.retry_after;
+        match refusal {
+            SharedRefusal::Stale { highest } => Self::Stale { key, presented, highest },
+            SharedRefusal::DrainTimeout => Self::DrainTimeout { key, presented, retry_after },
+            SharedRefusal::KeyTooLong { limit } => Self::KeyTooLong { limit },
+            SharedRefusal::InvalidKey(why) => {
+                Self::MissingKey { why: format!("the shared store cannot hold this key: {why}").into() }
+            }
+            SharedRefusal::Unavailable(error) => Self::from_store_error(error, key, presented, config),
+        }
+    }
+}

@@ -12,11 +12,11 @@ use tower_service::Service;
 
 use crate::future::{Place, ResponseFuture};
 use crate::key::{KeyExtractor, PathKey};
-use crate::layer::{Config, FencingLayer, Shared};
+use crate::layer::{Config, FencingLayer, Settings};
 use crate::rejection::Rejection;
 use crate::respond::{ProblemJson, RejectionResponder};
 use crate::store::admission::Admission;
-use crate::store::{Found, MarkStore, StoreError};
+use crate::store::{Found, MarkStore};
 use crate::token::FencingToken;
 
 /// Middleware that refuses requests whose fencing token is lower than the
@@ -27,7 +27,7 @@ use crate::token::FencingToken;
 /// Built by [`FencingLayer`]; see the [crate docs](crate) for the contract.
 pub struct Fencing<S, E = PathKey, R = ProblemJson> {
     inner: S,
-    shared: Arc<Shared<E, R>>,
+    settings: Arc<Settings<E, R>>,
 }
 
 impl<S> Fencing<S> {
@@ -43,8 +43,8 @@ impl<S> Fencing<S> {
 }
 
 impl<S, E, R> Fencing<S, E, R> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<E, R>>) -> Self {
-        Self { inner, shared }
+    pub(crate) fn from_settings(inner: S, settings: Arc<Settings<E, R>>) -> Self {
+        Self { inner, settings }
     }
 
     /// The wrapped service.
@@ -64,13 +64,13 @@ impl<S, E, R> Fencing<S, E, R> {
 
     /// The store holding this service's marks.
     pub fn mark_store(&self) -> &MarkStore {
-        &self.shared.config.store
+        &self.settings.config.store
     }
 }
 
 impl<S: Clone, E, R> Clone for Fencing<S, E, R> {
     fn clone(&self) -> Self {
-        Self { inner: self.inner.clone(), shared: Arc::clone(&self.shared) }
+        Self { inner: self.inner.clone(), settings: Arc::clone(&self.settings) }
     }
 }
 
@@ -78,7 +78,7 @@ impl<S: fmt::Debug, E, R> fmt::Debug for Fencing<S, E, R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Fencing")
             .field("inner", &self.inner)
-            .field("config", &self.shared.config)
+            .field("config", &self.settings.config)
             .finish_non_exhaustive()
     }
 }
@@ -98,8 +98,8 @@ where
     }
 
     fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
-        let shared = &self.shared;
-        let config = &shared.config;
+        let settings = &self.settings;
+        let config = &settings.config;
         if !config.is_fenced(&request) {
             return ResponseFuture::unfenced(self.inner.call(request));
         }
@@ -109,59 +109,57 @@ where
                 config.metrics.unfenced();
                 return ResponseFuture::unfenced(self.inner.call(request));
             }
-            Ok(None) => return ResponseFuture::rejected(shared, Rejection::MissingToken, request.headers()),
+            Ok(None) => {
+                return ResponseFuture::rejected(settings, Rejection::MissingToken, request.headers());
+            }
             Err(error) => {
-                return ResponseFuture::rejected(shared, Rejection::InvalidToken(error), request.headers());
+                return ResponseFuture::rejected(settings, Rejection::InvalidToken(error), request.headers());
             }
         };
-        let Some(key) = shared.extractor.extract(&request) else {
-            let why = shared.extractor.missing(&request);
-            return ResponseFuture::rejected(shared, Rejection::MissingKey { why }, request.headers());
+        let Some(key) = settings.extractor.extract(&request) else {
+            let why = settings.extractor.missing(&request);
+            return ResponseFuture::rejected(settings, Rejection::MissingKey { why }, request.headers());
         };
         if let Some(store) = &config.shared_store {
             return match store.0.try_admit(&key, token.get()) {
                 // Decided in memory: under this replica's claim, or below a mark it knows.
                 Some(Ok(permit)) => {
-                    config.hand_over(&mut request, token);
+                    config.insert_token_extension(&mut request, token);
                     let grpc = crate::grpc::is_grpc(request.headers());
                     // No key kept: a claim's permit knows its key, for the rare 503.
-                    ResponseFuture::shared_inside(self.inner.call(request), permit, None, token, grpc, shared)
+                    ResponseFuture::shared_inside(
+                        self.inner.call(request),
+                        permit,
+                        None,
+                        token,
+                        grpc,
+                        settings,
+                    )
                 }
                 Some(Err(refusal)) => {
                     let key = key.into_owned();
-                    ResponseFuture::shared_refused(shared, refusal, key, token, request.headers())
+                    ResponseFuture::shared_refused(settings, refusal, key, token, request.headers())
                 }
                 None => {
                     let key = key.into_owned();
                     let inner = take_readied(&mut self.inner);
-                    ResponseFuture::shared(inner, request, token, key, shared)
+                    ResponseFuture::shared(inner, request, token, key, settings)
                 }
             };
         }
         let state = match config.store.find(&key, token.get()) {
             Ok(Found::Entered(guard)) => {
-                let Some(key) = admitted(config, key, token) else {
+                let Some(key) = key_to_watch(config, key, token) else {
                     // The common case, kept in this frame so that the request moves once.
-                    config.hand_over(&mut request, token);
+                    config.insert_token_extension(&mut request, token);
                     return ResponseFuture::inside(self.inner.call(request), Place::new(guard, config));
                 };
-                return ResponseFuture::enter(&mut self.inner, request, token, Some(key), guard, shared);
+                return ResponseFuture::enter(&mut self.inner, request, token, Some(key), guard, settings);
             }
             Ok(Found::Slow(state)) => state,
-            Err(StoreError::KeyTableFull { limit }) => {
-                return ResponseFuture::rejected(
-                    shared,
-                    Rejection::KeyTableFull { limit },
-                    request.headers(),
-                );
-            }
-            Err(StoreError::KeyTooLong { limit }) => {
-                return ResponseFuture::rejected(shared, Rejection::KeyTooLong { limit }, request.headers());
-            }
             Err(error) => {
-                let (key, presented, retry_after) = (key.into_owned(), token.get(), config.retry_after);
-                let rejection = Rejection::StoreUnavailable { key, presented, error, retry_after };
-                return ResponseFuture::rejected(shared, rejection, request.headers());
+                let rejection = Rejection::from_store_error(error, key.into_owned(), token.get(), config);
+                return ResponseFuture::rejected(settings, rejection, request.headers());
             }
         };
         let (admission, raised) = state.admit_raising(&key, token.get(), config.rules(false));
@@ -170,19 +168,19 @@ where
         }
         match admission {
             Admission::Enter(guard) => {
-                let key = admitted(config, key, token);
-                ResponseFuture::enter(&mut self.inner, request, token, key, guard, shared)
+                let key = key_to_watch(config, key, token);
+                ResponseFuture::enter(&mut self.inner, request, token, key, guard, settings)
             }
             Admission::Stale { highest } => {
                 let rejection = Rejection::Stale { key: key.into_owned(), presented: token.get(), highest };
-                ResponseFuture::rejected(shared, rejection, request.headers())
+                ResponseFuture::rejected(settings, rejection, request.headers())
             }
             admission => {
                 let key = key.into_owned();
                 // If `clone` panics, unwinding drops `admission`, and with it any record
                 // duty, which hands the duty back: the token is not stranded.
                 let inner = take_readied(&mut self.inner);
-                ResponseFuture::admitting(admission, inner, request, token, key, state, shared)
+                ResponseFuture::admitting(admission, inner, request, token, key, state, settings)
             }
         }
     }
@@ -197,7 +195,7 @@ fn take_readied<S: Clone>(inner: &mut S) -> S {
 
 /// Logs an admission; returns the key to keep when the cancel policy watches in-flight requests.
 #[inline(always)]
-fn admitted(config: &Config, key: Cow<'_, str>, token: FencingToken) -> Option<String> {
+fn key_to_watch(config: &Config, key: Cow<'_, str>, token: FencingToken) -> Option<String> {
     tracing::debug!(key = ?key, token = token.get(), "fenced request admitted");
     config.watches_in_flight().then(|| key.into_owned())
 }

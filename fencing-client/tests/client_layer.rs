@@ -321,3 +321,94 @@ mod grpc {
         assert!(fenced_error(&fenced).inner().is_some(), "{fenced:?}");
     }
 }
+
+/// The local deadline, on tokio's paused clock: a backend that renews (or stops
+/// answering renewals) on command, and an inner service that takes its time.
+mod deadline {
+    use std::future::pending;
+    use std::sync::atomic::AtomicBool;
+
+    use fencing_client::{BoxFuture, Grant, LockBackend};
+    use tower::service_fn;
+
+    use super::*;
+
+    /// Grants token 7; answers keepalives until `hang` is set, then never again.
+    #[derive(Default)]
+    struct Backend {
+        hang: AtomicBool,
+    }
+
+    impl LockBackend for Backend {
+        fn acquire<'a>(
+            &'a self,
+            name: &'a str,
+            holder: &'a str,
+            ttl: Duration,
+        ) -> BoxFuture<'a, Result<Grant, LockError>> {
+            let grant = Grant {
+                lease_id: "l".into(),
+                name: name.into(),
+                holder: holder.into(),
+                token: 7,
+                ttl,
+                proof: None,
+            };
+            Box::pin(async move { Ok(grant) })
+        }
+
+        fn keepalive<'a>(&'a self, _grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
+            Box::pin(async move {
+                if self.hang.load(Ordering::SeqCst) {
+                    pending::<()>().await;
+                }
+                Ok(())
+            })
+        }
+
+        fn release<'a>(&'a self, _grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// An inner client that answers after `delay` with the token it was sent.
+    fn slow_client(
+        delay: Duration,
+    ) -> impl Service<http::Request<()>, Response = String, Error = std::io::Error> + Clone {
+        service_fn(move |request: http::Request<()>| async move {
+            tokio::time::sleep(delay).await;
+            Ok(request.headers()["fencing-token"].to_str().unwrap().to_owned())
+        })
+    }
+
+    const TTL: Duration = Duration::from_secs(3);
+
+    #[tokio::test(start_paused = true)]
+    async fn renewals_keep_a_long_request_going_past_the_first_deadline() {
+        let backend = Arc::new(Backend::default());
+        let lease = Lease::acquire(backend, "job", "me", TTL).await.unwrap();
+        let first_deadline = lease.deadline();
+        let start = Instant::now();
+        let client = ServiceBuilder::new().layer(lease.layer()).service(slow_client(Duration::from_secs(10)));
+        assert_eq!(client.oneshot(http::Request::new(())).await.unwrap(), "7");
+        assert!(Instant::now() > first_deadline, "the request outlived the deadline it started with");
+        assert_eq!(Instant::now() - start, Duration::from_secs(10));
+        assert!(lease.is_valid());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_in_flight_stops_at_the_deadline_when_renewals_stop_answering() {
+        let backend = Arc::new(Backend::default());
+        // Renewals that hang longer than the TTL: the deadline, not a timeout, ends the lease.
+        let options = LeaseOptions::default().request_timeout(Duration::from_secs(10));
+        let lease = Lease::acquire_with(backend.clone(), "job", "me", TTL, options).await.unwrap();
+        backend.hang.store(true, Ordering::SeqCst);
+        let deadline = lease.deadline();
+        let client = ServiceBuilder::new().layer(lease.layer()).service(slow_client(Duration::from_secs(10)));
+        let error = client.clone().oneshot(http::Request::new(())).await.unwrap_err();
+        assert!(matches!(error, FencedClientError::Cancelled(Lost(LossReason::DeadlinePassed))), "{error:?}");
+        assert_eq!(Instant::now(), deadline, "stopped at the deadline (TTL - TTL/10 after the acquire)");
+        let error = client.oneshot(http::Request::new(())).await.unwrap_err();
+        assert!(matches!(error, FencedClientError::NotSent(Lost(LossReason::DeadlinePassed))), "{error:?}");
+    }
+}

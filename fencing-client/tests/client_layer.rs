@@ -397,6 +397,16 @@ mod deadline {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_lease_lost_after_poll_ready_is_refused_in_call() {
+        let lease = Lease::acquire(Arc::new(Backend::default()), "job", "me", TTL).await.unwrap();
+        let mut client = ServiceBuilder::new().layer(lease.layer()).service(slow_client(Duration::ZERO));
+        let ready = client.ready().await.unwrap();
+        lease.release().await.unwrap();
+        let error = ready.call(http::Request::new(())).await.unwrap_err();
+        assert!(matches!(error, FencedClientError::NotSent(Lost(LossReason::Released))), "{error:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_request_in_flight_stops_at_the_deadline_when_renewals_stop_answering() {
         let backend = Arc::new(Backend::default());
         // Renewals that hang longer than the TTL: the deadline, not a timeout, ends the lease.

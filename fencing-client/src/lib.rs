@@ -23,7 +23,8 @@
 //! * [`FencedClientLayer`] ([`Lease::layer`]): the same as a tower layer around a
 //!   client (a tonic `Channel`, hyper-util's `Client`, reqwest's `Client`): every
 //!   request fenced, none sent once the lease is lost, those in flight cancelled
-//!   ([`layer`] has the details and an example).
+//!   ([`layer`] has the details and an example); with the `reqwest-middleware`
+//!   feature, `FencedMiddleware` does the same in a reqwest-middleware chain.
 //! * [`IdempotencyKey`] and [`FencedOperation`]: for a resource that cannot check
 //!   tokens (a payment provider), a key derived from (run, operation), the same in
 //!   every holder, sent as `Idempotency-Key` beside the token: fence the run's
@@ -81,6 +82,8 @@ pub use idempotency::{
     FencedOperation, IDEMPOTENCY_KEY_HEADER, IdempotencyKey, idempotency_key_header, idempotent_reqwest,
     set_idempotency_key,
 };
+#[cfg(feature = "reqwest-middleware")]
+pub use layer::FencedMiddleware;
 pub use layer::{FencedClient, FencedClientError, FencedClientLayer};
 pub use lease::{Lease, LeaseOptions, LossReason, Lost};
 #[cfg(feature = "postgres")]

@@ -422,3 +422,53 @@ mod deadline {
         assert!(matches!(error, FencedClientError::NotSent(Lost(LossReason::DeadlinePassed))), "{error:?}");
     }
 }
+
+/// `FencedMiddleware` in a reqwest-middleware chain, with the builder's `.send()`.
+#[cfg(feature = "reqwest-middleware")]
+mod middleware {
+    use fencing_client::FencedMiddleware;
+    use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
+
+    use super::*;
+
+    fn client(lease: &Lease) -> ClientWithMiddleware {
+        let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(60)).build().unwrap();
+        ClientBuilder::new(http).with(FencedMiddleware::new(lease)).build()
+    }
+
+    /// The layer's error inside reqwest-middleware's.
+    fn stopped(error: reqwest_middleware::Error) -> FencedClientError<reqwest::Error> {
+        match error {
+            reqwest_middleware::Error::Middleware(error) => error.downcast().unwrap(),
+            other => panic!("not the layer's error: {other:?}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn send_is_fenced_and_stops_once_the_lease_is_lost() {
+        let locks = Locks::start().await;
+        let (base, seen, handler_dropped) = resource(&locks).await;
+        let (started_tx, mut started) = mpsc::unbounded_channel();
+        *seen.slow_started.lock().unwrap() = Some(started_tx);
+        let lease = locks.lease("mw").await;
+        let http = client(&lease);
+
+        let sent =
+            http.put(format!("{base}/docs/mw")).header("fencing-token", "1").body("v1").send().await.unwrap();
+        assert_eq!(sent.status(), 200);
+        assert_eq!(*seen.fenced.lock().unwrap(), [(lease.token(), lease.grant().proof.clone())]);
+
+        let slow = tokio::spawn(http.put(format!("{base}/slow/mw")).body("v2").send());
+        timeout(LIMIT, started.recv()).await.expect("the slow handler never started").unwrap();
+        locks.forget(&lease).await;
+        let error = stopped(timeout(LIMIT, slow).await.expect("not cancelled").unwrap().unwrap_err());
+        assert!(matches!(error, FencedClientError::Cancelled(_)), "{error:?}");
+        assert_lost_by_renewal(error.lost());
+        timeout(LIMIT, handler_dropped).await.expect("the server's handler still runs").unwrap();
+
+        let error = stopped(http.put(format!("{base}/docs/mw")).body("v3").send().await.unwrap_err());
+        assert!(matches!(error, FencedClientError::NotSent(_)), "{error:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(seen.requests.load(Ordering::SeqCst), 2, "a refused request reached the server");
+    }
+}

@@ -6,7 +6,7 @@ use http::{HeaderMap, HeaderValue};
 use tower::Layer;
 
 use crate::lease::Shared;
-use crate::{Lease, fencing_proof_header, fencing_token_header, fencing_token_value};
+use crate::{Lease, Lost, fencing_proof_header, fencing_token_header, fencing_token_value};
 
 /// A tower [`Layer`] that fences every request of the client it wraps with a [`Lease`].
 ///
@@ -47,8 +47,17 @@ pub(crate) struct Fence {
 }
 
 impl Fence {
+    /// Fences a request's `headers` while the lease is valid; the loss once it is not.
+    pub(crate) fn admit(&self, headers: &mut HeaderMap) -> Result<(), Lost> {
+        if !self.lease.is_valid() {
+            return Err(self.lease.lost());
+        }
+        self.apply(headers);
+        Ok(())
+    }
+
     /// Sets `Fencing-Token`, and `Fencing-Proof` or removes it, as `Lease::fence` does.
-    pub(crate) fn apply(&self, headers: &mut HeaderMap) {
+    fn apply(&self, headers: &mut HeaderMap) {
         headers.insert(fencing_token_header(), self.token.clone());
         match &self.proof {
             Some(proof) => {

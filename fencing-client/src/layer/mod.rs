@@ -66,15 +66,21 @@
 //!
 //! With tonic: `HealthClient::new(ServiceBuilder::new().layer(lease.layer()).service(channel))`;
 //! a refused call is a `Status` with code `Unknown` whose source is the
-//! [`FencedClientError`]. docs/integrating.md shows both clients in full.
+//! [`FencedClientError`]. With reqwest-middleware (feature `reqwest-middleware`), the
+//! same rules as a middleware: `FencedMiddleware`. docs/integrating.md shows each
+//! client in full.
 
 mod error;
 mod future;
 #[allow(clippy::module_inception)]
 mod layer;
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
 mod service;
 
 pub use error::FencedClientError;
 pub use future::ResponseFuture;
 pub use layer::FencedClientLayer;
+#[cfg(feature = "reqwest-middleware")]
+pub use middleware::FencedMiddleware;
 pub use service::FencedClient;

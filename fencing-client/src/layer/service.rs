@@ -57,11 +57,10 @@ impl<S> FencedClient<S> {
         S: Service<R>,
     {
         let fence = &self.layer.fence;
-        if !fence.lease.is_valid() {
-            return ResponseFuture::not_sent(fence.lease.lost());
+        match fence.admit(headers(&mut request)) {
+            Ok(()) => ResponseFuture::sent(self.inner.call(request), &fence.lease),
+            Err(lost) => ResponseFuture::not_sent(lost),
         }
-        fence.apply(headers(&mut request));
-        ResponseFuture::sent(self.inner.call(request), &fence.lease)
     }
 }
 

@@ -17,9 +17,10 @@
 //!   (inside a tonic `Channel`) keeps that slot for the next call on the same handle.
 //! * **Cancelled in flight.** A request whose lease is lost before its response
 //!   arrives fails with [`FencedClientError::Cancelled`]: the inner future is dropped,
-//!   which makes hyper (and tonic, reqwest) abandon the request, as
-//!   [`Lease::run`](crate::Lease::run) does. The server may still have received it;
-//!   its fencing layer judges it by its token like any other.
+//!   as [`Lease::run`](crate::Lease::run) does, and hyper (under hyper-util, reqwest
+//!   and tonic) abandons the request: over HTTP/1 it closes the connection, and the
+//!   server drops the handler. The server may still have received it; its fencing
+//!   layer judges it by its token like any other.
 //! * **Inner errors** come back as [`FencedClientError::Inner`].
 //!
 //! The future ends with the response head: a response body still streaming when the

@@ -236,9 +236,16 @@ mod grpc {
     /// Every call's `fencing-token` and `fencing-proof` metadata, as the server received it.
     type Metadata = Arc<Mutex<Vec<(Option<String>, Option<String>)>>>;
 
+    /// Set: the next call's response is held back until the call is dropped.
+    #[derive(Default)]
+    struct Stall {
+        started: Mutex<Option<mpsc::UnboundedSender<()>>>,
+        dropped: Mutex<Option<oneshot::Sender<()>>>,
+    }
+
     /// tonic's health service behind `FencingLayer` (keyed by path), with an interceptor
-    /// outside it that records the metadata of every call.
-    async fn serve(store: MarkStore) -> (String, Metadata) {
+    /// outside it that records the metadata of every call, and `stall` inside it.
+    async fn serve(store: MarkStore, stall: Arc<Stall>) -> (String, Metadata) {
         let incoming = TcpIncoming::bind("127.0.0.1:0".parse().unwrap()).unwrap();
         let addr = incoming.local_addr().unwrap();
         let seen = Metadata::default();
@@ -248,11 +255,23 @@ mod grpc {
             record.lock().unwrap().push((value("fencing-token"), value("fencing-proof")));
             Ok(request)
         };
+        let stall = move |response| {
+            let dropped = stall.dropped.lock().unwrap().take().map(|tx| OnDrop(Some(tx)));
+            let started = stall.started.lock().unwrap().clone();
+            async move {
+                if let Some(_guard) = dropped {
+                    started.unwrap().send(()).unwrap();
+                    tokio::time::sleep(Duration::from_secs(600)).await;
+                }
+                Ok::<_, std::convert::Infallible>(response)
+            }
+        };
         let (_reporter, health) = tonic_health::server::health_reporter();
         tokio::spawn(async move {
             Server::builder()
                 .layer(tonic::service::InterceptorLayer::new(interceptor))
                 .layer(FencingLayer::new().store(store))
+                .layer(tower::util::AndThenLayer::new(stall))
                 .add_service(health)
                 .serve_with_incoming(incoming)
                 .await
@@ -281,7 +300,7 @@ mod grpc {
     async fn a_tonic_channel_sends_the_lease_as_metadata_and_refuses_once_it_is_lost() {
         let locks = Locks::start().await;
         let store = MarkStore::in_memory();
-        let (url, seen) = serve(store.clone()).await;
+        let (url, seen) = serve(store.clone(), Arc::default()).await;
         let lease = locks.lease("ledger").await;
         let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
         let mut client = HealthClient::new(ServiceBuilder::new().layer(lease.layer()).service(channel));
@@ -302,6 +321,31 @@ mod grpc {
         assert_lost_by_renewal(error.lost());
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(seen.lock().unwrap().len(), 2, "a refused call reached the server");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_call_in_flight_is_cancelled_when_the_lease_is_lost() {
+        let locks = Locks::start().await;
+        let stall = Arc::new(Stall::default());
+        let (started_tx, mut started) = mpsc::unbounded_channel();
+        let (dropped_tx, dropped) = oneshot::channel();
+        *stall.started.lock().unwrap() = Some(started_tx);
+        *stall.dropped.lock().unwrap() = Some(dropped_tx);
+        let (url, seen) = serve(MarkStore::in_memory(), stall).await;
+        let lease = locks.lease("slow-ledger").await;
+        let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
+        let mut client = HealthClient::new(ServiceBuilder::new().layer(lease.layer()).service(channel));
+
+        let call = tokio::spawn(async move { check(&mut client).await });
+        timeout(LIMIT, started.recv()).await.expect("the call never reached the server").unwrap();
+        locks.forget(&lease).await;
+        let status = timeout(LIMIT, call).await.expect("the call was not cancelled").unwrap().unwrap_err();
+        let error = fenced_error(&status);
+        assert!(matches!(error, FencedClientError::Cancelled(_)), "{error:?}");
+        assert_lost_by_renewal(error.lost());
+        // HTTP/2: the stream is reset, and the server drops the call.
+        timeout(LIMIT, dropped).await.expect("the server still runs the call").unwrap();
+        assert_eq!(seen.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]

@@ -18,8 +18,8 @@
 //! * **Cancelled in flight.** A request whose lease is lost before its response
 //!   arrives fails with [`FencedClientError::Cancelled`]: the inner future is dropped,
 //!   as [`Lease::run`](crate::Lease::run) does, and hyper (under hyper-util, reqwest
-//!   and tonic) abandons the request: over HTTP/1 it closes the connection, and the
-//!   server drops the handler. The server may still have received it; its fencing
+//!   and tonic) abandons the request: it closes an HTTP/1 connection or resets an
+//!   HTTP/2 stream, and the server drops the handler. The server may still have received it; its fencing
 //!   layer judges it by its token like any other.
 //! * **Inner errors** come back as [`FencedClientError::Inner`].
 //!

@@ -118,8 +118,9 @@ impl fmt::Display for Lost {
 
 impl std::error::Error for Lost {}
 
+/// The state a [`Lease`] shares with its keeper and with the client layer.
 #[derive(Debug)]
-struct Shared {
+pub(crate) struct Shared {
     cancel: CancellationToken,
     deadline: Mutex<Instant>,
     loss: Mutex<Option<LossReason>>,
@@ -131,7 +132,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     /// Records the first loss reason and cancels.
-    fn lose(&self, reason: LossReason) {
+    pub(crate) fn lose(&self, reason: LossReason) {
         {
             let mut loss = lock(&self.loss);
             if loss.is_none() {
@@ -147,8 +148,21 @@ impl Shared {
         self.cancel.cancel();
     }
 
-    fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         *lock(&self.deadline)
+    }
+
+    pub(crate) fn is_valid(&self) -> bool {
+        !self.cancel.is_cancelled() && Instant::now() < self.deadline()
+    }
+
+    /// Why the lease was lost (a passed deadline if the keeper has not said yet).
+    pub(crate) fn lost(&self) -> Lost {
+        Lost(lock(&self.loss).clone().unwrap_or(LossReason::DeadlinePassed))
+    }
+
+    pub(crate) fn cancel(&self) -> &CancellationToken {
+        &self.cancel
     }
 }
 
@@ -265,7 +279,7 @@ impl Lease {
 
     /// True while the lease has not been lost and its local deadline is ahead.
     pub fn is_valid(&self) -> bool {
-        !self.shared.cancel.is_cancelled() && Instant::now() < self.shared.deadline()
+        self.shared.is_valid()
     }
 
     /// Why the lease stopped being valid, once it has.
@@ -313,7 +327,17 @@ impl Lease {
     }
 
     fn lost(&self) -> Lost {
-        Lost(self.loss_reason().unwrap_or(LossReason::DeadlinePassed))
+        self.shared.lost()
+    }
+
+    /// A tower layer that fences every request of a client with this lease, and
+    /// refuses or cancels them once it is lost: [`FencedClientLayer::new`](crate::FencedClientLayer::new).
+    pub fn layer(&self) -> crate::FencedClientLayer {
+        crate::FencedClientLayer::new(self)
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// Sets the `Fencing-Token` header of `request` to this lease's token, and

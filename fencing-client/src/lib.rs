@@ -20,6 +20,11 @@
 //!   `reqwest = "0.13"` yourself. [`Lease::fence`] and
 //!   [`Lease::fence_reqwest`] also send the grant's `Fencing-Proof` when the lock
 //!   service signs its grants.
+//! * [`FencedClientLayer`] ([`Lease::layer`]): the same as a tower layer around a
+//!   client (a tonic `Channel`, hyper-util's `Client`, reqwest's `Client`): every
+//!   request fenced, none sent once the lease is lost, those in flight cancelled
+//!   ([`layer`] has the details and an example); with the `reqwest-middleware`
+//!   feature, `FencedMiddleware` does the same in a reqwest-middleware chain.
 //! * [`IdempotencyKey`] and [`FencedOperation`]: for a resource that cannot check
 //!   tokens (a payment provider), a key derived from (run, operation), the same in
 //!   every holder, sent as `Idempotency-Key` beside the token: fence the run's
@@ -53,6 +58,7 @@ mod demo;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod idempotency;
+pub mod layer;
 mod lease;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -76,6 +82,9 @@ pub use idempotency::{
     FencedOperation, IDEMPOTENCY_KEY_HEADER, IdempotencyKey, idempotency_key_header, idempotent_reqwest,
     set_idempotency_key,
 };
+#[cfg(feature = "reqwest-middleware")]
+pub use layer::FencedMiddleware;
+pub use layer::{FencedClient, FencedClientError, FencedClientLayer};
 pub use lease::{Lease, LeaseOptions, LossReason, Lost};
 #[cfg(feature = "postgres")]
 pub use postgres::{DEFAULT_PG_LOCK_TABLE, PgLockClient};

@@ -1,0 +1,71 @@
+//! [`FencedClientLayer`]: the lease's headers and state, shared by every client it wraps.
+
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue};
+use tower::Layer;
+
+use crate::lease::Shared;
+use crate::{Lease, Lost, fencing_proof_header, fencing_token_header, fencing_token_value};
+
+/// A tower [`Layer`] that fences every request of the client it wraps with a [`Lease`].
+///
+/// Cheap to clone (one `Arc`). It does not keep the lease alive: dropping or
+/// releasing the [`Lease`] ends it, and the wrapped clients then refuse requests.
+/// See [the module docs](crate::layer) for what happens to each request.
+#[derive(Debug, Clone)]
+pub struct FencedClientLayer {
+    pub(crate) fence: Arc<Fence>,
+}
+
+impl FencedClientLayer {
+    /// A layer fencing requests with `lease` (also [`Lease::layer`]).
+    pub fn new(lease: &Lease) -> Self {
+        let proof = lease.grant().proof.as_deref().and_then(|proof| HeaderValue::from_str(proof).ok());
+        let fence =
+            Fence { lease: Arc::clone(lease.shared()), token: fencing_token_value(lease.token()), proof };
+        FencedClientLayer { fence: Arc::new(fence) }
+    }
+}
+
+impl<S> Layer<S> for FencedClientLayer {
+    type Service = crate::FencedClient<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        crate::FencedClient::from_layer(inner, self.clone())
+    }
+}
+
+/// The lease's state and its headers, encoded once.
+#[derive(Debug)]
+pub(crate) struct Fence {
+    pub(crate) lease: Arc<Shared>,
+    token: HeaderValue,
+    // `None` when the grant is unsigned (or its proof is no header value, which the
+    // resource then refuses to raise with, as for `Lease::fence`).
+    proof: Option<HeaderValue>,
+}
+
+impl Fence {
+    /// Fences a request's `headers` while the lease is valid; the loss once it is not.
+    pub(crate) fn admit(&self, headers: &mut HeaderMap) -> Result<(), Lost> {
+        if !self.lease.is_valid() {
+            return Err(self.lease.lost());
+        }
+        self.apply(headers);
+        Ok(())
+    }
+
+    /// Sets `Fencing-Token`, and `Fencing-Proof` or removes it, as `Lease::fence` does.
+    fn apply(&self, headers: &mut HeaderMap) {
+        headers.insert(fencing_token_header(), self.token.clone());
+        match &self.proof {
+            Some(proof) => {
+                headers.insert(fencing_proof_header(), proof.clone());
+            }
+            None => {
+                headers.remove(fencing_proof_header());
+            }
+        }
+    }
+}

@@ -216,6 +216,8 @@ pub mod governor {
     }
 }
 
+pub mod load;
+
 pub mod standin {
     //! The load generator's in-process target: an append-only log service with
     //! `demo-resource`'s write route, `POST /logs/{name}` (201 with the entry's

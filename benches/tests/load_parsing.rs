@@ -94,22 +94,33 @@ fn targets_take_the_path_from_the_url_the_flag_or_the_default() {
 
 #[test]
 fn a_new_holder_every_n_requests_raises_each_keys_token_on_its_own() {
-    let schedule = Schedule::new(2, Some(3), 0, 0);
+    // Four connections on two keys: connections 0 and 2 write to key 0, 1 and 3 to key 1.
+    let schedule = Schedule::new(2, 4, Some(3), 0, 0);
     let (mut rng0, mut rng1) = (schedule.rng(0), schedule.rng(1));
-    // Connections 0 and 2 share key 0; connection 1 has key 1.
-    assert_eq!((schedule.key(0), schedule.key(1), schedule.key(2)), (0, 1, 0));
-    let key0: Vec<Token> = (0..7).map(|i| schedule.next(if i % 2 == 0 { 0 } else { 2 }, &mut rng0)).collect();
-    let key1: Vec<Token> = (0..2).map(|_| schedule.next(1, &mut rng1)).collect();
+    assert_eq!((schedule.key(0, 0), schedule.key(1, 5), schedule.key(2, 9)), (0, 1, 0));
+    let key0: Vec<Token> =
+        (0..7).map(|i| schedule.next(if i % 2 == 0 { 0 } else { 2 }, i, &mut rng0)).collect();
+    let key1: Vec<Token> = (0..2).map(|i| schedule.next(1, i, &mut rng1)).collect();
     let valid = |t: u64| Token::Valid(FIRST_TOKEN + t);
     assert_eq!(key0, [valid(0), valid(0), valid(0), valid(1), valid(1), valid(1), valid(2)]);
     assert_eq!(key1, [valid(0), valid(0)]);
 }
 
 #[test]
+fn with_more_keys_than_connections_each_connection_takes_turns_over_all_of_them() {
+    let schedule = Schedule::new(10, 4, None, 0, 0);
+    let keys: Vec<u32> = (0..5).map(|seq| schedule.key(1, seq)).collect();
+    assert_eq!(keys, [1, 5, 9, 3, 7]);
+    // As many keys as connections (the default): each keeps its own.
+    let own = Schedule::new(4, 4, None, 0, 0);
+    assert!((0..100).all(|seq| own.key(3, seq) == 3));
+}
+
+#[test]
 fn the_stale_and_malformed_mix_follows_the_percentages() {
-    let schedule = Schedule::new(1, None, 20, 10);
+    let schedule = Schedule::new(1, 1, None, 20, 10);
     let mut rng = schedule.rng(0);
-    let tokens: Vec<Token> = (0..10_000).map(|_| schedule.next(0, &mut rng)).collect();
+    let tokens: Vec<Token> = (0..10_000).map(|seq| schedule.next(0, seq, &mut rng)).collect();
     let stale = tokens.iter().filter(|t| **t == Token::Stale).count();
     let malformed = tokens.iter().filter(|t| **t == Token::Malformed).count();
     assert!((1_800..2_200).contains(&stale), "{stale} stale of 10,000");

@@ -120,6 +120,7 @@ fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
         .map(|_| {
             Arc::new(Schedule::new(
                 args.key_count(),
+                args.connections,
                 args.new_holder_every,
                 args.stale_pct,
                 args.malformed_pct,

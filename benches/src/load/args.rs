@@ -60,8 +60,8 @@ pub struct Args {
     /// Milliseconds at the start of each round left out of the results.
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(0..=10_000))]
     pub warmup_ms: u64,
-    /// Fencing keys (`{key}` in the path); connection `i` writes to key `i % keys`.
-    /// Default: one per connection.
+    /// Fencing keys (`{key}` in the path): request `s` of connection `c` writes to key
+    /// `(c + s * connections) % keys`. Default: one per connection, its own.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub keys: Option<u32>,
     /// Every connection writes to one key (`--keys 1`; default path `/logs/hot`).

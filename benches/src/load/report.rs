@@ -83,6 +83,8 @@ pub struct TargetRow {
     pub as_sent: Percentiles,
     /// Open loop: latency from each request's slot in the schedule (wrk2's correction).
     pub corrected: Option<Percentiles>,
+    /// Open loop: how late requests went out after their slots (the generator's own share).
+    pub send_lag: Option<Percentiles>,
     /// In-process only: server on-CPU time per request.
     pub server_cpu_ns_per_request: Option<f64>,
     /// Answers by status.
@@ -120,6 +122,7 @@ impl TargetRow {
             max_round_requests_per_s: per_round.iter().copied().fold(0.0, f64::max),
             as_sent: Percentiles::of(&tally.sent_latency),
             corrected: (!tally.intended_latency.is_empty()).then(|| Percentiles::of(&tally.intended_latency)),
+            send_lag: (!tally.send_lag.is_empty()).then(|| Percentiles::of(&tally.send_lag)),
             server_cpu_ns_per_request: None,
             status_2xx: tally.ok,
             status_409: tally.stale,
@@ -245,8 +248,18 @@ pub fn print(rows: &[TargetRow], ratios: Option<&Ratios>) {
         for row in rows {
             if let Some(c) = row.corrected {
                 println!(
-                    "{:<9} {:>10} {:>11} {:>14} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   missed slots {}",
-                    row.target, "", "", "", c.p50_us, c.p99_us, c.p999_us, c.max_us, row.missed
+                    "{:<9} {:>10} {:>11} {:>14} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   missed slots {}, sent late by p50 {:.1} p99 {:.1} us",
+                    row.target,
+                    "",
+                    "",
+                    "",
+                    c.p50_us,
+                    c.p99_us,
+                    c.p999_us,
+                    c.max_us,
+                    row.missed,
+                    row.send_lag.map_or(f64::NAN, |l| l.p50_us),
+                    row.send_lag.map_or(f64::NAN, |l| l.p99_us)
                 );
             }
         }

@@ -105,7 +105,6 @@ async fn connection(
     let interval = plan.rate.map(|rate| Duration::from_secs_f64(f64::from(plan.connections) / rate));
     let offset =
         interval.map_or(Duration::ZERO, |i| i.mul_f64(f64::from(conn) / f64::from(plan.connections)));
-    let key = schedule.key(conn);
     let mut rng = schedule.rng(conn);
     let first_token = HeaderValue::from(FIRST_TOKEN);
     for seq in 0u64.. {
@@ -129,7 +128,7 @@ async fn connection(
         if intended >= window.end {
             break;
         }
-        let token = match schedule.next(conn, &mut rng) {
+        let token = match schedule.next(conn, seq, &mut rng) {
             Token::Valid(FIRST_TOKEN) => first_token.clone(),
             Token::Valid(token) => HeaderValue::from(token),
             Token::Stale => HeaderValue::from_static(STALE_TOKEN),
@@ -137,7 +136,7 @@ async fn connection(
         };
         let mut request = Request::builder()
             .method(plan.request.method.clone())
-            .uri(target.template.expand(conn, seq, key))
+            .uri(target.template.expand(conn, seq, schedule.key(conn, seq)))
             .header(header::HOST, host.clone());
         for (name, value) in &plan.request.headers {
             request = request.header(name, value.clone());
@@ -167,6 +166,7 @@ async fn connection(
         tally.sent_latency.saturating_record(nanos(answered - sent));
         if interval.is_some() {
             tally.intended_latency.saturating_record(nanos(answered - intended));
+            tally.send_lag.saturating_record(nanos(sent - intended));
         }
         tally.count_status(status.as_u16());
     }

@@ -1,6 +1,8 @@
 //! Which key each request writes to and which token it carries.
 //!
-//! Connection `c` writes to key `c % keys`. Every key has a holder whose
+//! Request `s` of connection `c` writes to key `(c + s × connections) % keys`:
+//! with as many keys as connections (the default) each connection keeps its
+//! own key, with fewer they share, with more they take turns. Every key has a holder whose
 //! token starts at [`FIRST_TOKEN`]; with `new_holder_every = Some(n)` the key
 //! gets a new holder (the token rises by one) every `n` valid requests to it,
 //! counted over all connections writing to it, so raises, and the drains that
@@ -12,9 +14,9 @@
 //! ```
 //! use fencing_benches::load::schedule::{Schedule, Token};
 //!
-//! let schedule = Schedule::new(1, Some(2), 0, 0);
+//! let schedule = Schedule::new(1, 1, Some(2), 0, 0);
 //! let mut rng = schedule.rng(0);
-//! let tokens: Vec<Token> = (0..5).map(|_| schedule.next(0, &mut rng)).collect();
+//! let tokens: Vec<Token> = (0..5).map(|seq| schedule.next(0, seq, &mut rng)).collect();
 //! assert_eq!(tokens, [Token::Valid(1000), Token::Valid(1000), Token::Valid(1001), Token::Valid(1001), Token::Valid(1002)]);
 //! ```
 
@@ -42,6 +44,7 @@ pub enum Token {
 #[derive(Debug)]
 pub struct Schedule {
     keys: u32,
+    connections: u32,
     new_holder_every: Option<u64>,
     stale_pct: u8,
     malformed_pct: u8,
@@ -50,13 +53,21 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// A schedule over `keys` keys (at least 1).
+    /// A schedule over `keys` keys for `connections` connections (each at least 1).
     #[must_use]
-    pub fn new(keys: u32, new_holder_every: Option<u64>, stale_pct: u8, malformed_pct: u8) -> Self {
+    pub fn new(
+        keys: u32,
+        connections: u32,
+        new_holder_every: Option<u64>,
+        stale_pct: u8,
+        malformed_pct: u8,
+    ) -> Self {
         let keys = keys.max(1);
+        let connections = connections.max(1);
         let counters = if new_holder_every.is_some() { keys as usize } else { 0 };
         Self {
             keys,
+            connections,
             new_holder_every: new_holder_every.filter(|&n| n > 0),
             stale_pct,
             malformed_pct,
@@ -64,10 +75,11 @@ impl Schedule {
         }
     }
 
-    /// The key connection `conn` writes to.
+    /// The key of connection `conn`'s request number `seq`.
     #[must_use]
-    pub fn key(&self, conn: u32) -> u32 {
-        conn % self.keys
+    pub fn key(&self, conn: u32, seq: u64) -> u32 {
+        let turn = u64::from(conn) + seq.wrapping_mul(u64::from(self.connections));
+        (turn % u64::from(self.keys)) as u32
     }
 
     /// Connection `conn`'s own deterministic generator for the stale and malformed mix.
@@ -76,8 +88,8 @@ impl Schedule {
         XorShift(0x9E37_79B9_7F4A_7C15 ^ (u64::from(conn) + 1).wrapping_mul(0xD134_2543_DE82_EF95))
     }
 
-    /// The token of connection `conn`'s next request.
-    pub fn next(&self, conn: u32, rng: &mut XorShift) -> Token {
+    /// The token of connection `conn`'s request number `seq`.
+    pub fn next(&self, conn: u32, seq: u64, rng: &mut XorShift) -> Token {
         if self.stale_pct > 0 || self.malformed_pct > 0 {
             let roll = rng.next_percent();
             if roll < self.stale_pct {
@@ -90,7 +102,7 @@ impl Schedule {
         match self.new_holder_every {
             None => Token::Valid(FIRST_TOKEN),
             Some(every) => {
-                let sent = self.sent[self.key(conn) as usize].fetch_add(1, Ordering::Relaxed);
+                let sent = self.sent[self.key(conn, seq) as usize].fetch_add(1, Ordering::Relaxed);
                 Token::Valid(FIRST_TOKEN + sent / every)
             }
         }

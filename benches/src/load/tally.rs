@@ -11,6 +11,11 @@ pub struct Tally {
     /// (its slot in the constant-rate schedule), wrk2's correction for
     /// coordinated omission. Empty in the closed loop.
     pub intended_latency: Histogram<u64>,
+    /// Open loop only: how late each request went out after its slot. The
+    /// generator's own share of the corrected latency: tokio's timer wakes on
+    /// millisecond ticks (wrk2 rounds its waits to milliseconds too), and a
+    /// busy client thread adds its own delay.
+    pub send_lag: Histogram<u64>,
     /// 2xx answers.
     pub ok: u64,
     /// 409 answers (stale token).
@@ -45,6 +50,7 @@ impl Tally {
         Self {
             sent_latency: histogram(),
             intended_latency: histogram(),
+            send_lag: histogram(),
             ok: 0,
             stale: 0,
             bad_request: 0,
@@ -59,6 +65,7 @@ impl Tally {
     pub fn add(&mut self, other: &Self) {
         self.sent_latency.add(&other.sent_latency).expect("same histogram bounds");
         self.intended_latency.add(&other.intended_latency).expect("same histogram bounds");
+        self.send_lag.add(&other.send_lag).expect("same histogram bounds");
         self.ok += other.ok;
         self.stale += other.stale;
         self.bad_request += other.bad_request;

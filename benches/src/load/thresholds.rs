@@ -53,10 +53,10 @@ impl Thresholds {
                 out.push(format!("--max-error-pct {max}: {name} had {pct:.2} % errors"));
             }
         }
-        if let Some(min) = self.min_rps {
-            if judged.requests_per_s < min {
-                out.push(format!("--min-rps {min}: {name} ran at {:.0} req/s", judged.requests_per_s));
-            }
+        if let Some(min) = self.min_rps
+            && judged.requests_per_s < min
+        {
+            out.push(format!("--min-rps {min}: {name} ran at {:.0} req/s", judged.requests_per_s));
         }
         if let Some(min) = self.min_ratio {
             match ratios {

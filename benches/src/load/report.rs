@@ -5,6 +5,14 @@
 //! the request went out) and "corrected" (from its slot in the schedule). The
 //! corrected ones are those to judge a target by; the gap between the two is
 //! how much the closed-loop view would hide.
+//!
+//! ```
+//! use fencing_benches::load::report::median;
+//!
+//! // The per-round throughput ratios are summed up by their median.
+//! assert_eq!(median(&mut [0.97, 1.02, 0.91]), 0.97);
+//! assert_eq!(median(&mut [1.0, 0.9]), 0.95);
+//! ```
 
 use serde::Serialize;
 

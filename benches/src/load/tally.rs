@@ -1,4 +1,17 @@
 //! What one connection, one round or one target saw: latency histograms and status counts.
+//!
+//! ```
+//! use fencing_benches::load::tally::Tally;
+//!
+//! let mut round = Tally::new();
+//! let mut conn = Tally::new();
+//! conn.sent_latency.record(2_000_000).unwrap();
+//! conn.count_status(409);
+//! round.add(&conn);
+//! assert_eq!((round.requests(), round.stale), (1, 1));
+//! // A closed loop has no corrected view: the latency to judge by is as sent.
+//! assert!(std::ptr::eq(round.latency(), &round.sent_latency));
+//! ```
 
 use hdrhistogram::Histogram;
 

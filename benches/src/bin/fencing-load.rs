@@ -30,7 +30,7 @@ use clap::Parser;
 use fencing_benches::load::args::Args;
 use fencing_benches::load::compare::{self, Outcome};
 use fencing_benches::load::inprocess::{self, loadavg};
-use fencing_benches::load::plot::{self, Series};
+use fencing_benches::load::plot;
 use fencing_benches::load::request::{self, RequestSpec};
 use fencing_benches::load::runner::Plan;
 use fencing_benches::load::schedule::Schedule;
@@ -85,18 +85,7 @@ fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let mut server_runtime = None;
     let targets = match &args.url {
         Some(url) => {
-            let fenced = Target::parse("target", url, args.path.as_deref(), args.default_path())?;
-            let mut targets = Vec::new();
-            if let Some(baseline) = &args.baseline_url {
-                targets.push(Target::parse(
-                    "baseline",
-                    baseline,
-                    args.path.as_deref(),
-                    fenced.template.as_str(),
-                )?);
-            }
-            targets.push(fenced);
-            targets
+            Target::from_urls(url, args.baseline_url.as_deref(), args.path.as_deref(), args.default_path())?
         }
         None => {
             let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -147,12 +136,7 @@ fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
     report::print(&outcome.rows, outcome.ratios.as_ref());
     println!("load average: start {loadavg_start}, end {loadavg_end}");
 
-    let judged = outcome.rows.iter().rposition(|row| row.target == "fenced" || row.target == "target");
-    let violations = match judged.map(|i| &outcome.rows[i]) {
-        Some(row) => args.thresholds().violations(row, outcome.ratios.as_ref()),
-        None if args.thresholds().is_empty() => Vec::new(),
-        None => vec!["thresholds: no fenced target to judge (--only?)".to_owned()],
-    };
+    let violations = args.thresholds().judge(&outcome.rows, outcome.ratios.as_ref());
 
     if let Some(path) = &args.plot {
         std::fs::write(path, plot_svg(&args, &outcome))?;
@@ -218,21 +202,11 @@ fn plan(args: &Args) -> Result<Plan, String> {
 
 /// The plot of every target: corrected (solid) and as sent (dashed) in the open loop.
 fn plot_svg(args: &Args, outcome: &Outcome) -> String {
-    let mut series = Vec::new();
-    for (row, tally) in outcome.rows.iter().zip(&outcome.tallies) {
-        if tally.intended_latency.is_empty() {
-            series.push(Series { label: row.target.clone(), histogram: &tally.sent_latency, dashed: false });
-        } else {
-            let label = format!("{} (corrected)", row.target);
-            series.push(Series { label, histogram: &tally.intended_latency, dashed: false });
-            let label = format!("{} (as sent)", row.target);
-            series.push(Series { label, histogram: &tally.sent_latency, dashed: true });
-        }
-    }
     let mode = args.rate.map_or("closed loop".to_owned(), |r| format!("open loop, {r} req/s"));
     let title = format!(
         "fencing-load: {} connections, {mode}, {} x {} s",
         args.connections, args.rounds, args.duration
     );
-    plot::svg(&title, &series)
+    let targets: Vec<_> = outcome.rows.iter().map(|row| row.target.as_str()).zip(&outcome.tallies).collect();
+    plot::of_targets(&title, &targets)
 }

@@ -19,6 +19,8 @@ use std::fmt::Write as _;
 
 use hdrhistogram::Histogram;
 
+use super::tally::Tally;
+
 /// One line of the plot.
 #[derive(Debug)]
 pub struct Series<'a> {
@@ -39,6 +41,24 @@ const BOTTOM: f64 = 60.0;
 const COLORS: [&str; 6] = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"];
 /// The deepest percentile drawn: 99.999 %.
 const MAX_NINES: f64 = 5.0;
+
+/// The SVG of every target's latencies (`(label, tally)`): corrected (solid)
+/// and as sent (dashed) when the run was an open loop, as sent alone otherwise.
+#[must_use]
+pub fn of_targets(title: &str, targets: &[(&str, &Tally)]) -> String {
+    let mut series = Vec::new();
+    for &(label, tally) in targets {
+        if tally.intended_latency.is_empty() {
+            series.push(Series { label: label.to_owned(), histogram: &tally.sent_latency, dashed: false });
+        } else {
+            let corrected = format!("{label} (corrected)");
+            series.push(Series { label: corrected, histogram: &tally.intended_latency, dashed: false });
+            let as_sent = format!("{label} (as sent)");
+            series.push(Series { label: as_sent, histogram: &tally.sent_latency, dashed: true });
+        }
+    }
+    svg(title, &series)
+}
 
 /// The SVG document for `series`, titled `title`.
 #[must_use]

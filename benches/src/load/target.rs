@@ -55,6 +55,27 @@ impl Target {
         Ok(Self { label: label.to_owned(), replicas, template })
     }
 
+    /// `--url`'s target, after `--baseline-url`'s when given (which takes the
+    /// target's path when it has none of its own).
+    ///
+    /// # Errors
+    ///
+    /// As [`Target::parse`].
+    pub fn from_urls(
+        url: &str,
+        baseline: Option<&str>,
+        path: Option<&str>,
+        default_path: &str,
+    ) -> Result<Vec<Self>, String> {
+        let fenced = Self::parse("target", url, path, default_path)?;
+        let mut targets = Vec::new();
+        if let Some(baseline) = baseline {
+            targets.push(Self::parse("baseline", baseline, path, fenced.template.as_str())?);
+        }
+        targets.push(fenced);
+        Ok(targets)
+    }
+
     /// The replicas' base URLs, comma-separated.
     #[must_use]
     pub fn urls(&self) -> String {

@@ -36,6 +36,17 @@ impl Thresholds {
         *self == Self::default()
     }
 
+    /// Every limit the fenced row of `rows` (`target` or `fenced`, the last
+    /// such) and `ratios` break, as sentences.
+    #[must_use]
+    pub fn judge(&self, rows: &[TargetRow], ratios: Option<&Ratios>) -> Vec<String> {
+        match rows.iter().rev().find(|row| row.target == "fenced" || row.target == "target") {
+            Some(row) => self.violations(row, ratios),
+            None if self.is_empty() => Vec::new(),
+            None => vec!["thresholds: no fenced target to judge (--only?)".to_owned()],
+        }
+    }
+
     /// Every limit `judged` (and `ratios`, when there is a baseline) breaks, as sentences.
     #[must_use]
     pub fn violations(&self, judged: &TargetRow, ratios: Option<&Ratios>) -> Vec<String> {

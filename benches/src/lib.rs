@@ -13,6 +13,8 @@
 //!   per-key state, with a quota that never triggers;
 //! - [`standin`]: the load generator's in-process target, a small append-only log
 //!   service shaped like `demo-resource` (`POST /logs/{name}`), fenced or not.
+//! - [`load`]: the load generator's parts (targets and path templates, token
+//!   schedules, closed and open loop, report, thresholds, plot).
 //!
 //! See `BENCHMARKS.md` at the workspace root for the results and how to reproduce them.
 
@@ -215,6 +217,8 @@ pub mod governor {
         crate::routes().route_layer(GovernorLayer::new(config))
     }
 }
+
+pub mod load;
 
 pub mod standin {
     //! The load generator's in-process target: an append-only log service with

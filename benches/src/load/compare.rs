@@ -1,0 +1,132 @@
+//! Runs the targets in interleaved rounds (the order flipped every round, so
+//! neither always runs first on a machine whose load drifts) and gathers the rows.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use super::inprocess::{loadavg, threads_cpu_ns};
+use super::progress::Progress;
+use super::report::{Ratios, RoundRow, TargetRow};
+use super::runner::{Plan, round};
+use super::schedule::Schedule;
+use super::tally::{Tally, micros};
+use super::target::Target;
+
+/// Everything the rounds saw.
+#[derive(Debug)]
+pub struct Outcome {
+    /// One row per target per round, in the order they ran.
+    pub rounds: Vec<RoundRow>,
+    /// One row per target, over every round.
+    pub rows: Vec<TargetRow>,
+    /// With exactly two targets: the second over the first.
+    pub ratios: Option<Ratios>,
+    /// Each target's counts and latencies over every round (for the plot).
+    pub tallies: Vec<Tally>,
+}
+
+/// Runs `rounds` rounds of every target on `client`. `server_threads`: the
+/// in-process servers' thread name, whose CPU time is then measured.
+pub fn run(
+    client: &tokio::runtime::Runtime,
+    targets: &[Target],
+    plan: &Arc<Plan>,
+    schedules: &[Arc<Schedule>],
+    rounds: u32,
+    server_threads: Option<&str>,
+) -> Outcome {
+    let mut tallies: Vec<Tally> = targets.iter().map(|_| Tally::new()).collect();
+    let mut measured = vec![Duration::ZERO; targets.len()];
+    let mut per_round_rps: Vec<Vec<f64>> = vec![Vec::new(); targets.len()];
+    let mut cpu_ns = vec![0u64; targets.len()];
+    let mut round_rows = Vec::new();
+    for r in 1..=rounds {
+        let mut order: Vec<usize> = (0..targets.len()).collect();
+        if r % 2 == 0 {
+            order.reverse();
+        }
+        for i in order {
+            let target = &targets[i];
+            let cpu_before = server_threads.and_then(threads_cpu_ns);
+            let done = Arc::new(AtomicU64::new(0));
+            let progress =
+                Progress::start(format!("{r}/{rounds} {}", target.label), plan.duration, Arc::clone(&done));
+            let (tally, seconds) = client.block_on(round(target, &schedules[i], plan, &done));
+            drop(progress);
+            let cpu =
+                cpu_before.zip(server_threads.and_then(threads_cpu_ns)).map(|(before, after)| after - before);
+            let rps = tally.requests() as f64 / seconds.as_secs_f64();
+            let row = RoundRow {
+                round: r,
+                target: target.label.clone(),
+                requests: tally.requests(),
+                requests_per_s: rps,
+                p50_us: micros(&tally.sent_latency, 0.5),
+                p99_us: micros(&tally.sent_latency, 0.99),
+                p999_us: micros(&tally.sent_latency, 0.999),
+                corrected_p99_us: (!tally.intended_latency.is_empty())
+                    .then(|| micros(&tally.intended_latency, 0.99)),
+                // Every request of the round, warm-up included, against the CPU time of the round.
+                server_cpu_ns_per_request: cpu.map(|ns| ns as f64 / tally.all_requests as f64),
+            };
+            print_round(&row, rounds, &tally);
+            round_rows.push(row);
+            tallies[i].add(&tally);
+            measured[i] += seconds;
+            per_round_rps[i].push(rps);
+            cpu_ns[i] += cpu.unwrap_or(0);
+        }
+    }
+    let rows: Vec<TargetRow> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, target)| {
+            let mut row =
+                TargetRow::new(target, &tallies[i], measured[i].as_secs_f64(), &mut per_round_rps[i]);
+            row.server_cpu_ns_per_request =
+                server_threads.map(|_| cpu_ns[i] as f64 / tallies[i].all_requests as f64);
+            row
+        })
+        .collect();
+    let ratios = match rows.as_slice() {
+        [base, fenced] => {
+            let per_round = (1..=rounds)
+                .filter_map(|r| {
+                    let rps = |label: &str| {
+                        round_rows
+                            .iter()
+                            .find(|row| row.round == r && row.target == label)
+                            .map(|row| row.requests_per_s)
+                    };
+                    Some(rps(&fenced.target)? / rps(&base.target)?)
+                })
+                .collect();
+            Some(Ratios::new(base, fenced, per_round))
+        }
+        _ => None,
+    };
+    Outcome { rounds: round_rows, rows, ratios, tallies }
+}
+
+fn print_round(row: &RoundRow, rounds: u32, tally: &Tally) {
+    let corrected =
+        row.corrected_p99_us.map(|us| format!("  corrected p99 {us:>8.1} us")).unwrap_or_default();
+    eprintln!(
+        "round {}/{rounds} {:<9} {:>9.0} req/s  p50 {:>7.1} us  p99 {:>7.1} us  p99.9 {:>7.1} us{corrected}  \
+         server {:>6.0} ns CPU/req  2xx {} 409 {} 400 {} other {} errors {}  load {}",
+        row.round,
+        row.target,
+        row.requests_per_s,
+        row.p50_us,
+        row.p99_us,
+        row.p999_us,
+        row.server_cpu_ns_per_request.unwrap_or(f64::NAN),
+        tally.ok,
+        tally.stale,
+        tally.bad_request,
+        tally.other_status,
+        tally.errors,
+        loadavg()
+    );
+}

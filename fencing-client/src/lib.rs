@@ -55,6 +55,8 @@ mod etcd;
 mod idempotency;
 mod lease;
 #[cfg(feature = "postgres")]
+mod pg_durability;
+#[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis_lock;

@@ -172,12 +172,14 @@
 #[cfg(feature = "axum")]
 mod axum;
 mod claims;
+pub mod durability;
 mod error;
 mod fence;
 mod pool;
 mod shared;
 mod table;
 
+pub use crate::durability::{NotDurable, check_durability, durability_hook};
 pub use crate::error::FenceError;
 pub use crate::fence::{DEFAULT_TABLE, Fenced, MAX_KEY_BYTES, PgFence};
 pub use crate::pool::{PoolLimits, pool};

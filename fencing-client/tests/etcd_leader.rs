@@ -297,6 +297,12 @@ impl Load {
         since.elapsed()
     }
 
+    /// How long after `from` the first write was acknowledged.
+    fn first_write_since(&self, from: Instant) -> Duration {
+        let acked = self.acked.lock().unwrap();
+        acked.writes.iter().find(|t| **t >= from).map_or(Duration::MAX, |t| *t - from)
+    }
+
     /// The longest time without an acknowledged write since `from`.
     fn stall_since(&self, from: Instant) -> Duration {
         let acked = self.acked.lock().unwrap();
@@ -332,12 +338,12 @@ async fn leader_kills_and_a_stopped_leader_keep_tokens_increasing_and_writes_for
         let since = Instant::now();
         cluster.kill(leader);
         let next = cluster.leader(Some(leader)).await;
-        let elected = since.elapsed();
-        let resumed = load.progress(1).await + elected;
+        let seen = since.elapsed();
         load.progress(10).await;
         eprintln!(
-            "kill -9 {kill}: leader m{leader} killed, m{next} elected after {elected:?}, first write after \
-             {resumed:?}, longest stall {:?}",
+            "kill -9 {kill}: leader m{leader} killed, m{next} seen leading after {seen:?}, first write \
+             after {:?}, longest stall {:?}",
+            load.first_write_since(since),
             load.stall_since(since)
         );
         cluster.spawn(leader);
@@ -347,13 +353,14 @@ async fn leader_kills_and_a_stopped_leader_keep_tokens_increasing_and_writes_for
     let leader = cluster.leader(None).await;
     let since = Instant::now();
     cluster.signal(leader, "STOP");
-    let resumed = load.progress(1).await;
+    load.progress(1).await;
     sleep(Duration::from_secs(3).saturating_sub(since.elapsed())).await;
+    let stopped = since.elapsed();
     cluster.signal(leader, "CONT");
     load.progress(10).await;
     eprintln!(
-        "SIGSTOP: leader m{leader} stopped for {:?}, first write after {resumed:?}, longest stall {:?}",
-        since.elapsed(),
+        "SIGSTOP: leader m{leader} stopped for {stopped:?}, first write after {:?}, longest stall {:?}",
+        load.first_write_since(since),
         load.stall_since(since)
     );
 

@@ -304,6 +304,7 @@ async fn under_load(what: &str, primary_after: &OwnPg, clients: &Clients, fault:
     load.progress(20).await;
     let since = Instant::now();
     tokio::task::block_in_place(fault);
+    // An upper bound: pg_ctl's own time (the restart, the promotion) is in it.
     load.progress(1).await;
     let recovered = since.elapsed();
     load.progress(20).await;
@@ -337,6 +338,13 @@ async fn a_failover_to_a_synchronous_standby_loses_nothing_and_admits_no_stale_t
         exec(&primary, "SELECT pg_reload_conf()").await;
         let standby = primary.standby("s1");
         standby_is(&primary, "s1", "sync").await;
+        // `local` waits for no standby: refused while one streams.
+        let mut local = either(&primary, &standby);
+        local.options("-c synchronous_commit=local");
+        match PgLockClient::connect_with(local).unwrap().check_durability().await {
+            Err(LockError::NotDurable(reason)) => assert!(reason.contains("local"), "{reason}"),
+            other => panic!("expected NotDurable, got {other:?}"),
+        }
         // Default settings: the durability check accepts a synchronous standby.
         let clients = Clients::new(&either(&primary, &standby), PoolLimits::default(), false).await;
         under_load("failover to a synchronous standby", &standby, &clients, || {
@@ -361,16 +369,28 @@ async fn a_failover_to_an_asynchronous_standby_loses_acknowledged_writes() {
     let refused = PgLockClient::connect_with(config.clone()).unwrap();
     match refused.lease("lock-0", "writer", Duration::from_secs(2)).await {
         Err(LockError::NotDurable(reason)) => {
-            assert!(reason.contains("standby s1 streams asynchronously"), "{reason}")
+            assert!(reason.contains("standby s1 streams asynchronously"), "{reason}");
+            eprintln!("PgLockClient: {}", LockError::NotDurable(reason));
         }
         other => panic!("expected NotDurable, got {other:?}"),
     }
     let pool = fencing_postgres::pool(config.clone(), PoolLimits::default()).unwrap();
     match pool.get().await.map_err(FenceError::from) {
-        Err(FenceError::Pool(error)) => {
-            assert!(error.to_string().contains("streams asynchronously"), "{error}")
+        Err(error @ FenceError::Pool(_)) => {
+            assert!(error.to_string().contains("streams asynchronously"), "{error}");
+            eprintln!("fencing_postgres::pool: {error}");
         }
         other => panic!("expected a refused connection, got {:?}", other.map(|_| ())),
+    }
+
+    // A role that may not read the standbys' state cannot tell: refused too.
+    exec(&primary, "CREATE ROLE plain LOGIN").await;
+    let mut plain = config.clone();
+    plain.user("plain");
+    let client = fencing_postgres::pool(plain, PoolLimits::default()).unwrap().get().await;
+    match client.map_err(FenceError::from) {
+        Err(error) => assert!(error.to_string().contains("cannot read their sync_state"), "{error}"),
+        Ok(_) => panic!("a role without pg_monitor was not refused"),
     }
 
     // Told to accept it, they work, and lose what follows.

@@ -31,7 +31,10 @@ impl OwnPg {
     pub fn standby(&self, name: &str) -> OwnPg {
         let standby = Self::fresh().expect("the primary runs, so a standby can");
         let port = self.port.to_string();
-        standby.run("pg_basebackup", &["-D", &standby.data(), "-R", "-h", "127.0.0.1", "-p", &port]);
+        standby.run(
+            "pg_basebackup",
+            &["-D", &standby.data(), "-R", "-c", "fast", "-h", "127.0.0.1", "-p", &port],
+        );
         // Appended after what -R wrote (the last setting wins). Promoted, it
         // has no standby of its own to wait for, whatever the primary had.
         let conninfo = format!(

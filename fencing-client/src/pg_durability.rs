@@ -34,10 +34,19 @@ const OPT_OUT: &str = "tokens could repeat after a crash or failover (accept the
 /// Why the server could lose an acknowledged grant, or `None`.
 pub(crate) async fn refusal(client: &Client) -> Result<Option<String>, tokio_postgres::Error> {
     let row = client.query_one(ASK, &[]).await?;
-    let (synchronous_commit, in_recovery): (String, bool) = (row.try_get(0)?, row.try_get(1)?);
-    let (standbys, unreadable): (i64, i64) = (row.try_get(2)?, row.try_get(3)?);
-    let asynchronous: Option<String> = row.try_get(4)?;
-    let reason = if in_recovery {
+    let reason = judge(row.try_get(0)?, row.try_get(1)?, row.try_get(2)?, row.try_get(3)?, row.try_get(4)?);
+    Ok(reason.map(|reason| format!("{reason}; {OPT_OUT}")))
+}
+
+/// The answer to [`ASK`], column by column, judged.
+fn judge(
+    synchronous_commit: String,
+    in_recovery: bool,
+    standbys: i64,
+    unreadable: i64,
+    asynchronous: Option<String>,
+) -> Option<String> {
+    if in_recovery {
         // A standby takes no grants: nothing to refuse.
         None
     } else if synchronous_commit == "off" {
@@ -58,8 +67,7 @@ pub(crate) async fn refusal(client: &Client) -> Result<Option<String>, tokio_pos
         Some("synchronous_commit is local in this session while standbys stream".to_owned())
     } else {
         None
-    };
-    Ok(reason.map(|reason| format!("{reason}; {OPT_OUT}")))
+    }
 }
 
 /// The pool's `post_create` hook: a refused server fails the new connection
@@ -78,4 +86,39 @@ pub(crate) fn hook(accept: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Hoo
             }
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::judge;
+
+    fn refused(
+        synchronous_commit: &str,
+        standbys: i64,
+        unreadable: i64,
+        asynchronous: Option<&str>,
+    ) -> String {
+        let reason =
+            judge(synchronous_commit.into(), false, standbys, unreadable, asynchronous.map(Into::into));
+        reason.unwrap_or_default()
+    }
+
+    #[test]
+    fn what_is_refused() {
+        assert!(refused("off", 0, 0, None).contains("synchronous_commit is off"));
+        assert!(refused("on", 2, 0, Some("s2")).contains("standby s2 streams asynchronously"));
+        assert!(refused("on", 1, 1, None).contains("cannot read their sync_state"));
+        assert!(refused("local", 1, 0, None).contains("synchronous_commit is local"));
+    }
+
+    #[test]
+    fn what_is_accepted() {
+        for accepted in ["on", "local", "remote_write", "remote_apply"] {
+            assert_eq!(refused(accepted, 0, 0, None), "", "{accepted} without standbys");
+        }
+        // Synchronous, quorum or potential standbys: none is named asynchronous.
+        assert_eq!(refused("on", 2, 0, None), "");
+        // A standby (in recovery) takes no grants.
+        assert_eq!(judge("off".into(), true, 1, 1, Some("s1".into())), None);
+    }
 }

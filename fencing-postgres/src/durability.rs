@@ -90,41 +90,55 @@ impl std::error::Error for NotDurable {}
 /// The driver's error if the question itself failed.
 pub async fn check_durability(client: &Client) -> Result<Option<NotDurable>, tokio_postgres::Error> {
     let row = client.query_one(ASK, &[]).await?;
-    let synchronous_commit: String = row.try_get(0)?;
-    let in_recovery: bool = row.try_get(1)?;
-    let standbys: i64 = row.try_get(2)?;
-    let unreadable: i64 = row.try_get(3)?;
-    let asynchronous: Option<String> = row.try_get(4)?;
-    let refuse = |reason: String| Ok(Some(NotDurable { reason }));
-    if in_recovery {
-        return Ok(None);
+    let seen = Seen {
+        synchronous_commit: row.try_get(0)?,
+        in_recovery: row.try_get(1)?,
+        standbys: row.try_get(2)?,
+        unreadable: row.try_get(3)?,
+        asynchronous: row.try_get(4)?,
+    };
+    Ok(seen.refusal().map(|reason| NotDurable { reason }))
+}
+
+/// What [`ASK`] answered, in its order.
+struct Seen {
+    synchronous_commit: String,
+    in_recovery: bool,
+    standbys: i64,
+    unreadable: i64,
+    asynchronous: Option<String>,
+}
+
+impl Seen {
+    fn refusal(self) -> Option<String> {
+        if self.in_recovery {
+            return None;
+        }
+        if self.synchronous_commit == "off" {
+            return Some("synchronous_commit is off in this session: a crash loses the last commits".into());
+        }
+        if self.standbys == 0 {
+            return None;
+        }
+        if self.unreadable > 0 {
+            return Some(format!(
+                "{} standby(s) stream from this server and this role cannot read their sync_state in \
+                 pg_stat_replication (grant it pg_monitor)",
+                self.unreadable
+            ));
+        }
+        if let Some(names) = self.asynchronous {
+            return Some(format!(
+                "standby {names} streams asynchronously (not in synchronous_standby_names): promoted, \
+                 it would lack commits this server acknowledged"
+            ));
+        }
+        (self.synchronous_commit == "local").then(|| {
+            "synchronous_commit is local in this session while standbys stream: commits do not wait \
+             for them"
+                .into()
+        })
     }
-    if synchronous_commit == "off" {
-        return refuse("synchronous_commit is off in this session: a crash loses the last commits".into());
-    }
-    if standbys == 0 {
-        return Ok(None);
-    }
-    if unreadable > 0 {
-        return refuse(format!(
-            "{unreadable} standby(s) stream from this server and this role cannot read their \
-             sync_state in pg_stat_replication (grant it pg_monitor)"
-        ));
-    }
-    if let Some(names) = asynchronous {
-        return refuse(format!(
-            "standby {names} streams asynchronously (not in synchronous_standby_names): promoted, \
-             it would lack commits this server acknowledged"
-        ));
-    }
-    if synchronous_commit == "local" {
-        return refuse(
-            "synchronous_commit is local in this session while standbys stream: commits do not \
-             wait for them"
-                .into(),
-        );
-    }
-    Ok(None)
 }
 
 /// A deadpool `post_create` hook running [`check_durability`] on every new
@@ -141,4 +155,48 @@ pub fn durability_hook() -> Hook {
             }
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Seen;
+
+    fn seen(synchronous_commit: &str, standbys: i64, unreadable: i64, asynchronous: Option<&str>) -> Seen {
+        Seen {
+            synchronous_commit: synchronous_commit.into(),
+            in_recovery: false,
+            standbys,
+            unreadable,
+            asynchronous: asynchronous.map(Into::into),
+        }
+    }
+
+    fn refused(seen: Seen) -> String {
+        seen.refusal().expect("refused")
+    }
+
+    #[test]
+    fn without_standbys_only_synchronous_commit_off_is_refused() {
+        assert!(refused(seen("off", 0, 0, None)).contains("synchronous_commit is off"));
+        for accepted in ["on", "local", "remote_write", "remote_apply"] {
+            assert_eq!(seen(accepted, 0, 0, None).refusal(), None, "{accepted}");
+        }
+    }
+
+    #[test]
+    fn standbys_must_be_synchronous_readable_and_waited_for() {
+        // Synchronous, quorum or potential standbys only: nothing is named asynchronous.
+        assert_eq!(seen("on", 2, 0, None).refusal(), None);
+        assert_eq!(seen("remote_apply", 1, 0, None).refusal(), None);
+        assert!(refused(seen("on", 2, 0, Some("s2"))).contains("standby s2 streams asynchronously"));
+        assert!(refused(seen("on", 1, 1, None)).contains("cannot read their sync_state"));
+        assert!(refused(seen("local", 1, 0, None)).contains("synchronous_commit is local"));
+        assert!(refused(seen("off", 1, 0, None)).contains("synchronous_commit is off"));
+    }
+
+    #[test]
+    fn a_standby_takes_no_writes_and_is_not_refused() {
+        let standby = Seen { in_recovery: true, ..seen("off", 1, 1, Some("s1")) };
+        assert_eq!(standby.refusal(), None);
+    }
 }

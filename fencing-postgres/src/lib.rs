@@ -162,6 +162,14 @@
 //! mapping onto PostgreSQL; the argument for why it holds is in
 //! [`fencing_layer::claims`].
 //!
+//! # Crashes and failover
+//!
+//! A mark holds only if no later primary can forget it. Each connection that
+//! [`pool`] opens asks the server first and is refused when it could lose an
+//! acknowledged commit: `synchronous_commit = off`, or a standby streaming
+//! asynchronously, which a failover would promote without the last raises
+//! ([`durability`] has the list; [`PoolLimits::accept_volatile_commits`] opts out).
+//!
 //! # Cargo features
 //!
 //! - `axum`: `IntoResponse` for [`FenceError`].

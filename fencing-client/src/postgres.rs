@@ -76,8 +76,7 @@ const MAX_IDENTIFIER_BYTES: usize = 63;
 /// few commits can be lost in a crash, and a token could then be handed out
 /// twice: leave it on for the database (or role) this client uses; the client refuses
 /// a session with it off, and a server streaming to an asynchronous standby (see below).
-/// (A sequence
-/// would also work: `nextval` logs ahead and never goes back after a crash,
+/// (A sequence would also work: `nextval` logs ahead and never goes back after a crash,
 /// *provided* the transaction that handed the value out committed durably, but it
 /// skips values on every rollback and its crash behaviour is subtler to state.)
 ///

@@ -78,22 +78,40 @@ impl Cluster {
             eprintln!("\n*** SKIPPED: etcd not installed (put `etcd` on PATH or set ETCD_BIN) ***\n");
             return None;
         };
-        let members = (0..3)
-            .map(|i| Member {
-                name: format!("m{i}"),
-                client_url: format!("http://127.0.0.1:{}", free_port()),
-                peer_url: format!("http://127.0.0.1:{}", free_port()),
-                child: None,
-            })
-            .collect();
-        let mut cluster = Cluster { bin, dir: tempfile::tempdir().unwrap(), members };
-        for i in 0..3 {
-            cluster.spawn(i);
+        // A port picked by binding :0 can be taken before etcd binds it: new ports, a new try.
+        for attempt in 1..=3 {
+            let members = (0..3)
+                .map(|i| Member {
+                    name: format!("m{i}"),
+                    client_url: format!("http://127.0.0.1:{}", free_port()),
+                    peer_url: format!("http://127.0.0.1:{}", free_port()),
+                    child: None,
+                })
+                .collect();
+            let mut cluster = Cluster { bin: bin.clone(), dir: tempfile::tempdir().unwrap(), members };
+            for i in 0..3 {
+                cluster.spawn(i);
+            }
+            let ready = timeout(BOUND, async {
+                for i in 0..3 {
+                    cluster.wait_ready(i).await;
+                }
+            });
+            if ready.await.is_ok() {
+                return Some(cluster);
+            }
+            eprintln!("etcd cluster attempt {attempt} did not come up:\n{}", cluster.log_tail());
         }
-        for i in 0..3 {
-            cluster.wait_ready(i).await;
-        }
-        Some(cluster)
+        panic!("a 3-member etcd cluster did not start in 3 attempts");
+    }
+
+    /// The last lines of each member's log.
+    fn log_tail(&self) -> String {
+        let tail = |i: usize| {
+            let log = std::fs::read_to_string(self.dir.path().join(format!("m{i}.log"))).unwrap_or_default();
+            log.lines().rev().take(4).collect::<Vec<_>>().join("\n")
+        };
+        (0..3).map(|i| format!("m{i}:\n{}", tail(i))).collect::<Vec<_>>().join("\n")
     }
 
     /// Starts member `i` (again, on its data directory if it has one).
@@ -121,19 +139,10 @@ impl Cluster {
         self.members[i].child = Some(child);
     }
 
+    /// Waits until member `i` answers and knows a leader (unbounded: callers bound it).
     async fn wait_ready(&self, i: usize) {
-        let ready = async {
-            loop {
-                if self.status(i).await.is_some_and(|(_, leader)| leader != 0) {
-                    return;
-                }
-                sleep(Duration::from_millis(100)).await;
-            }
-        };
-        if timeout(BOUND, ready).await.is_err() {
-            let log = std::fs::read_to_string(self.dir.path().join(format!("m{i}.log"))).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(8).collect();
-            panic!("etcd member m{i} never became ready; last log lines:\n{}", tail.join("\n"));
+        while self.status(i).await.is_none_or(|(_, leader)| leader == 0) {
+            sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -347,7 +356,8 @@ async fn leader_kills_and_a_stopped_leader_keep_tokens_increasing_and_writes_for
             load.stall_since(since)
         );
         cluster.spawn(leader);
-        cluster.wait_ready(leader).await;
+        let back = timeout(BOUND, cluster.wait_ready(leader)).await;
+        back.unwrap_or_else(|_| panic!("m{leader} did not come back:\n{}", cluster.log_tail()));
     }
 
     let leader = cluster.leader(None).await;

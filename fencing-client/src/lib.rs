@@ -61,6 +61,8 @@ mod idempotency;
 pub mod layer;
 mod lease;
 #[cfg(feature = "postgres")]
+mod pg_durability;
+#[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis_lock;

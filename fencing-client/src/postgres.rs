@@ -6,15 +6,17 @@
 use std::fmt;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, Pool, PoolError, Runtime};
+use deadpool_postgres::{HookError, Manager, Pool, PoolError, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
 use crate::backend::{BoxFuture, Grant, LockBackend, LockError};
 use crate::demo::LockStatus;
 use crate::lease::{Lease, LeaseOptions};
+use crate::pg_durability;
 
 /// The lease table unless [`PgLockClient::with_table`] says otherwise. The token
 /// counter lives in `{table}_token`.
@@ -72,10 +74,24 @@ const MAX_IDENTIFIER_BYTES: usize = 63;
 /// token: after a crash (kill -9 included) and restart, the next token is higher
 /// than every token handed out before. With `synchronous_commit = off` the last
 /// few commits can be lost in a crash, and a token could then be handed out
-/// twice: leave it on for the database (or role) this client uses. (A sequence
-/// would also work: `nextval` logs ahead and never goes back after a crash,
+/// twice: leave it on for the database (or role) this client uses; the client refuses
+/// a session with it off, and a server streaming to an asynchronous standby (see below).
+/// (A sequence would also work: `nextval` logs ahead and never goes back after a crash,
 /// *provided* the transaction that handed the value out committed durably, but it
 /// skips values on every rollback and its crash behaviour is subtler to state.)
+///
+/// # Durability: refused unless commits survive a crash and a failover
+///
+/// Each connection the client's pool opens first asks the server, in one round trip,
+/// whether it could lose an acknowledged grant, and fails with [`LockError::NotDurable`]
+/// if so: `synchronous_commit = off` in the session; a physical standby streaming
+/// asynchronously (not named in `synchronous_standby_names`: promoted, it lacks the last
+/// grants, and tokens repeat); `synchronous_commit = local` while standbys stream; or
+/// standbys whose state the role cannot read (grant it `pg_monitor`). A standby in
+/// `synchronous_standby_names` is accepted: the failover tooling must promote only a
+/// synchronous one. [`PgLockClient::accept_volatile_counter`] skips the check for those
+/// who accept the risk. A pool given to [`PgLockClient::from_pool`] is not checked
+/// unless [`PgLockClient::check_durability`] is called.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), fencing_client::LockError> {
@@ -93,6 +109,8 @@ const MAX_IDENTIFIER_BYTES: usize = 63;
 pub struct PgLockClient {
     pool: Pool,
     sql: Arc<Statements>,
+    /// Read by the pool's durability hook when it opens a connection.
+    accept_volatile: Arc<AtomicBool>,
 }
 
 impl fmt::Debug for PgLockClient {
@@ -191,7 +209,9 @@ impl PgLockClient {
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_BOUND);
         }
+        let accept_volatile = Arc::new(AtomicBool::new(false));
         let pool = Pool::builder(Manager::new(config, NoTls))
+            .post_create(pg_durability::hook(Arc::clone(&accept_volatile)))
             .max_size(8)
             .wait_timeout(Some(CONNECT_BOUND))
             .create_timeout(Some(CONNECT_BOUND))
@@ -199,13 +219,41 @@ impl PgLockClient {
             .runtime(Runtime::Tokio1)
             .build()
             .map_err(|e| LockError::InvalidArgument(format!("PostgreSQL pool: {e}")))?;
-        Ok(Self::from_pool(pool))
+        let sql = Statements::new(DEFAULT_PG_LOCK_TABLE).expect("the default table name is valid");
+        Ok(PgLockClient { pool, sql: Arc::new(sql), accept_volatile })
     }
 
     /// Uses an existing deadpool-postgres pool (TLS, sizes and timeouts of your own).
+    /// Its connections are not checked for durability: call
+    /// [`PgLockClient::check_durability`].
     pub fn from_pool(pool: Pool) -> Self {
         let sql = Statements::new(DEFAULT_PG_LOCK_TABLE).expect("the default table name is valid");
-        PgLockClient { pool, sql: Arc::new(sql) }
+        PgLockClient { pool, sql: Arc::new(sql), accept_volatile: Arc::new(AtomicBool::new(true)) }
+    }
+
+    /// With `true`, uses a server that could lose an acknowledged grant in a crash or
+    /// a failover (see the type's docs); tokens could then repeat or go back, and a
+    /// fenced resource could no longer tell a stale holder from the current one.
+    /// Default `false`: such a server is refused with [`LockError::NotDurable`] when a
+    /// connection opens. Clones share the setting (and the pool).
+    #[must_use]
+    pub fn accept_volatile_counter(self, accept: bool) -> Self {
+        self.accept_volatile.store(accept, Ordering::Relaxed);
+        self
+    }
+
+    /// Asks the server now whether it could lose an acknowledged grant:
+    /// [`LockError::NotDurable`] if so. The pool [`PgLockClient::connect`] builds does this
+    /// on every new connection by itself.
+    pub async fn check_durability(&self) -> Result<(), LockError> {
+        bounded(async {
+            let client = self.pool.get().await.map_err(pool_error)?;
+            match pg_durability::refusal(&client).await.map_err(pg_error)? {
+                None => Ok(()),
+                Some(reason) => Err(LockError::NotDurable(reason)),
+            }
+        })
+        .await
     }
 
     /// Keeps leases in `table` (`table` or `schema.table`: ASCII letters, digits and
@@ -391,7 +439,8 @@ fn token_to_db(token: u64) -> Result<i64, LockError> {
 fn pool_error(e: PoolError) -> LockError {
     match e {
         PoolError::Timeout(_) => LockError::Timeout,
-        PoolError::Backend(e) => pg_error(e),
+        PoolError::Backend(e) | PoolError::PostCreateHook(HookError::Backend(e)) => pg_error(e),
+        PoolError::PostCreateHook(HookError::Message(refused)) => LockError::NotDurable(refused.into_owned()),
         other => LockError::Transport(format!("PostgreSQL pool: {other}")),
     }
 }

@@ -172,6 +172,14 @@
 //! mapping onto PostgreSQL; the argument for why it holds is in
 //! [`fencing_layer::claims`].
 //!
+//! # Crashes and failover
+//!
+//! A mark holds only if no later primary can forget it. Each connection that
+//! [`pool`] opens asks the server first and is refused when it could lose an
+//! acknowledged commit: `synchronous_commit = off`, or a standby streaming
+//! asynchronously, which a failover would promote without the last raises
+//! ([`durability`] has the list; [`PoolLimits::accept_volatile_commits`] opts out).
+//!
 //! # Cargo features
 //!
 //! - `axum`: `IntoResponse` for [`FenceError`].
@@ -182,6 +190,7 @@
 #[cfg(feature = "axum")]
 mod axum;
 mod claims;
+pub mod durability;
 mod error;
 mod fence;
 mod pool;
@@ -189,6 +198,7 @@ mod shared;
 mod table;
 mod transaction;
 
+pub use crate::durability::{NotDurable, check_durability, durability_hook};
 pub use crate::error::FenceError;
 pub use crate::fence::{DEFAULT_TABLE, Fenced, MAX_KEY_BYTES, PgFence};
 pub use crate::pool::{PoolLimits, pool};

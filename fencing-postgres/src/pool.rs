@@ -5,6 +5,8 @@ use std::time::Duration;
 use deadpool_postgres::{BuildError, Manager, Pool, Runtime};
 use tokio_postgres::NoTls;
 
+use crate::durability::durability_hook;
+
 /// Bounds for [`pool`]. Every wait a fenced request can meet has one, so a
 /// request ends in a 503 rather than hanging, and nothing stays locked for long.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -24,6 +26,11 @@ pub struct PoolLimits {
     /// a paused or hung replica cannot keep a key locked for longer.
     /// For both timeouts, zero (or under a millisecond) turns it off, as in PostgreSQL.
     pub idle_in_transaction: Duration,
+    /// Opens connections to a server that could lose an acknowledged commit
+    /// (an asynchronous standby, `synchronous_commit = off`: see
+    /// [`durability`](crate::durability)). Default `false`: each new connection
+    /// is checked, and a refused server is `PoolError::PostCreateHook`.
+    pub accept_volatile_commits: bool,
 }
 
 impl Default for PoolLimits {
@@ -35,14 +42,28 @@ impl Default for PoolLimits {
             wait: Duration::from_secs(5),
             lock_timeout: fencing_layer::DEFAULT_DRAIN_TIMEOUT,
             idle_in_transaction: Duration::from_secs(30),
+            accept_volatile_commits: false,
         }
+    }
+}
+
+impl PoolLimits {
+    /// With `true`, connects to a server set up to lose acknowledged commits
+    /// in a crash or a failover (see [`durability`](crate::durability)); after
+    /// such a loss a mark can go back and a stale token get in again.
+    #[must_use]
+    pub fn accept_volatile_commits(mut self, accept: bool) -> Self {
+        self.accept_volatile_commits = accept;
+        self
     }
 }
 
 /// A pool of plain-TCP (no TLS) connections for `config`, within `limits`.
 /// The session settings go in the connection's startup options, after any
 /// `config` has. Connections are opened on first use, so a database that is
-/// down shows up as [`FenceError::Unavailable`](crate::FenceError::Unavailable) then.
+/// down shows up as [`FenceError::Unavailable`](crate::FenceError::Unavailable) then,
+/// and one that could lose an acknowledged commit (see [`durability`](crate::durability))
+/// as [`FenceError::Pool`](crate::FenceError::Pool), unless `limits` accept it.
 pub fn pool(mut config: tokio_postgres::Config, limits: PoolLimits) -> Result<Pool, BuildError> {
     let settings = format!(
         "-c lock_timeout={} -c idle_in_transaction_session_timeout={}",
@@ -57,7 +78,11 @@ pub fn pool(mut config: tokio_postgres::Config, limits: PoolLimits) -> Result<Po
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(limits.wait);
     }
-    Pool::builder(Manager::new(config, NoTls))
+    let mut builder = Pool::builder(Manager::new(config, NoTls));
+    if !limits.accept_volatile_commits {
+        builder = builder.post_create(durability_hook());
+    }
+    builder
         .max_size(limits.max_size)
         .wait_timeout(Some(limits.wait))
         .create_timeout(Some(limits.wait))

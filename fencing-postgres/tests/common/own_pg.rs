@@ -19,6 +19,36 @@ impl OwnPg {
     /// A fresh server, started. `None` after a loud SKIPPED line when this
     /// machine cannot run one (no server binaries, not root), unless `CI=true`.
     pub fn start() -> Option<OwnPg> {
+        let pg = Self::fresh()?;
+        pg.run("initdb", &["-D", &pg.data(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]);
+        pg.pg_ctl("start");
+        Some(pg)
+    }
+
+    /// A streaming standby of this server (`pg_basebackup -R`), started. It
+    /// names itself `name` to the primary (`application_name`), the name
+    /// `synchronous_standby_names` lists.
+    pub fn standby(&self, name: &str) -> OwnPg {
+        let standby = Self::fresh().expect("the primary runs, so a standby can");
+        let port = self.port.to_string();
+        standby.run(
+            "pg_basebackup",
+            &["-D", &standby.data(), "-R", "-c", "fast", "-h", "127.0.0.1", "-p", &port],
+        );
+        // Appended after what -R wrote (the last setting wins). Promoted, it
+        // has no standby of its own to wait for, whatever the primary had.
+        let conninfo = format!(
+            "primary_conninfo = 'host=127.0.0.1 port={port} user=postgres application_name={name}'\n\
+             synchronous_standby_names = ''\n"
+        );
+        let auto = std::path::Path::new(&standby.data()).join("postgresql.auto.conf");
+        std::fs::OpenOptions::new().append(true).open(auto).unwrap().write_all(conninfo.as_bytes()).unwrap();
+        standby.pg_ctl("start");
+        standby
+    }
+
+    /// A temp dir the postgres user owns and a free port; no server yet.
+    fn fresh() -> Option<OwnPg> {
         let bindir = match Command::new("pg_config").arg("--bindir").output() {
             Ok(out) if out.status.success() => PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()),
             _ => return skip("pg_config not found"),
@@ -34,10 +64,7 @@ impl OwnPg {
             return skip("cannot hand a directory to the postgres user (not root?)");
         }
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let pg = OwnPg { dir, bindir, port };
-        pg.run("initdb", &["-D", &pg.data(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]);
-        pg.pg_ctl("start");
-        Some(pg)
+        Some(OwnPg { dir, bindir, port })
     }
 
     fn data(&self) -> String {
@@ -55,13 +82,17 @@ impl OwnPg {
     }
 
     fn pg_ctl(&self, what: &str) {
+        self.pg_ctl_mode(what, "fast");
+    }
+
+    fn pg_ctl_mode(&self, what: &str, mode: &str) {
         let options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200",
             self.port,
             self.dir.display()
         );
         let log = self.dir.join("log").display().to_string();
-        self.run("pg_ctl", &["-D", &self.data(), "-o", &options, "-l", &log, "-m", "fast", "-w", what]);
+        self.run("pg_ctl", &["-D", &self.data(), "-o", &options, "-l", &log, "-m", mode, "-w", what]);
     }
 
     /// Stops the server (fast: every session ends) and starts it again.
@@ -75,6 +106,16 @@ impl OwnPg {
 
     pub fn start_again(&self) {
         self.pg_ctl("start");
+    }
+
+    /// Stops the server as a crash would (`-m immediate`: no checkpoint, no goodbye).
+    pub fn crash(&self) {
+        self.pg_ctl_mode("stop", "immediate");
+    }
+
+    /// Ends recovery on a standby: it becomes a primary (`pg_ctl promote`, waiting).
+    pub fn promote(&self) {
+        self.pg_ctl("promote");
     }
 
     pub fn config(&self) -> Config {

@@ -12,9 +12,7 @@ use deadpool_postgres::{Manager, Pool, PoolError, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use crate::backend::{BoxFuture, Grant, LockBackend, LockError};
-use crate::demo::LockStatus;
-use crate::lease::{Lease, LeaseOptions};
+use crate::backend::{Grant, LockError, LockProtocol, LockStatus, check_name_and_holder};
 
 /// The lease table unless [`PgLockClient::with_table`] says otherwise. The token
 /// counter lives in `{table}_token`.
@@ -80,7 +78,7 @@ const MAX_IDENTIFIER_BYTES: usize = 63;
 /// ```no_run
 /// # async fn demo() -> Result<(), fencing_client::LockError> {
 /// use std::time::Duration;
-/// use fencing_client::PgLockClient;
+/// use fencing_client::{LockBackendExt, PgLockClient};
 ///
 /// let locks = PgLockClient::connect("postgres://postgres@127.0.0.1:5432/app")?;
 /// locks.migrate().await?;
@@ -238,22 +236,6 @@ impl PgLockClient {
         .await
     }
 
-    /// Acquires `name` and keeps the lease alive in the background (default options).
-    pub async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease, LockError> {
-        Lease::acquire(Arc::new(self.clone()), name, holder, ttl).await
-    }
-
-    /// Like [`PgLockClient::lease`], with explicit keeper options.
-    pub async fn lease_with(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        options: LeaseOptions,
-    ) -> Result<Lease, LockError> {
-        Lease::acquire_with(Arc::new(self.clone()), name, holder, ttl, options).await
-    }
-
     /// Who holds `name`, or `None` if it is free (or its lease has expired).
     /// `expires_in` is judged on the database's clock, rounded up to the millisecond.
     pub async fn lock_status(&self, name: &str) -> Result<Option<LockStatus>, LockError> {
@@ -271,14 +253,11 @@ impl PgLockClient {
         })
         .await
     }
+}
 
-    async fn do_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
-        if name.is_empty() {
-            return Err(LockError::InvalidArgument("lock name must not be empty".into()));
-        }
-        if holder.is_empty() {
-            return Err(LockError::InvalidArgument("holder must not be empty".into()));
-        }
+impl LockProtocol for PgLockClient {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
+        check_name_and_holder(name, holder)?;
         if name.contains('\0') || holder.contains('\0') {
             return Err(LockError::InvalidArgument("lock name and holder must not contain NUL".into()));
         }
@@ -314,7 +293,7 @@ impl PgLockClient {
         Err(LockError::Held { holder: String::new(), expires_in: Duration::ZERO, retry_after: None })
     }
 
-    async fn do_keepalive(&self, grant: &Grant) -> Result<(), LockError> {
+    async fn keepalive(&self, grant: &Grant) -> Result<(), LockError> {
         let token = token_to_db(grant.token)?;
         let client = self.pool.get().await.map_err(pool_error)?;
         match client.execute(&self.sql.keepalive, &[&grant.name, &token]).await.map_err(pg_error)? {
@@ -323,32 +302,13 @@ impl PgLockClient {
         }
     }
 
-    async fn do_release(&self, grant: &Grant) -> Result<(), LockError> {
+    async fn release(&self, grant: &Grant) -> Result<(), LockError> {
         let token = token_to_db(grant.token)?;
         let client = self.pool.get().await.map_err(pool_error)?;
         match client.execute(&self.sql.release, &[&grant.name, &token]).await.map_err(pg_error)? {
             1 => Ok(()),
             _ => Err(LockError::LeaseNotFound),
         }
-    }
-}
-
-impl LockBackend for PgLockClient {
-    fn acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Grant, LockError>> {
-        Box::pin(self.do_acquire(name, holder, ttl))
-    }
-
-    fn keepalive<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_keepalive(grant))
-    }
-
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_release(grant))
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use demo_lock_service::{Config, LockService, RunningService};
-use fencing_client::{DemoLockClient, LockError, LossReason};
+use fencing_client::{DemoLockClient, LockBackendExt, LockError, LossReason};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

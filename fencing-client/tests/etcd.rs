@@ -14,7 +14,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::put;
-use fencing_client::{EtcdLockClient, EtcdVerifier, Grant, LockBackend, LockError, LossReason};
+use fencing_client::{
+    EtcdLockClient, EtcdVerifier, Grant, LockBackend, LockBackendExt, LockError, LossReason,
+};
 use fencing_layer::{FencingLayer, FencingToken, Raise, TokenVerifier, VerifyError};
 use tokio::time::{Instant, sleep, timeout};
 

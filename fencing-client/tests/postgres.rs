@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::{Proxy, cancelled_at, fenced_resource, skip, write_doc};
-use fencing_client::{Grant, LeaseOptions, LockBackend, LockError, LossReason, PgLockClient};
+use fencing_client::{Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LossReason, PgLockClient};
 use tokio::time::{Instant, sleep, timeout};
 use tokio_postgres::NoTls;
 

@@ -12,7 +12,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{cancelled_at, fenced_resource, free_port, skip, write_doc};
-use fencing_client::{Grant, LeaseOptions, LockBackend, LockError, LossReason, RedisLockClient};
+use fencing_client::{
+    Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LossReason, RedisLockClient,
+};
 use tokio::time::{Instant, sleep, timeout};
 
 // ---------- a real redis-server, killed on drop ----------

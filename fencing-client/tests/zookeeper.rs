@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::{cancelled_at, fenced_resource, free_port, skip, write_doc};
-use fencing_client::{Grant, LeaseOptions, LockBackend, LockError, LossReason, ZkLockClient};
+use fencing_client::{Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LossReason, ZkLockClient};
 use tokio::time::{Instant, sleep, timeout};
 
 // ---------- a real ZooKeeper, killed on drop ----------

@@ -152,6 +152,7 @@ impl<B: LockBackend + Clone> LockBackendExt for B {}
 
 /// The argument check of backends that keep names and holders verbatim: neither
 /// may be empty. (The demo service checks its own and answers 400.)
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "zookeeper"))]
 pub(crate) fn check_name_and_holder(name: &str, holder: &str) -> Result<(), LockError> {
     if name.is_empty() {
         return Err(LockError::InvalidArgument("lock name must not be empty".into()));

@@ -33,22 +33,12 @@ impl DemoLockClient {
     /// Proxies are never used; connecting is bounded to 5 s. Each call of the
     /// lease keeper carries its own timeout; direct calls are bounded to 30 s.
     pub fn new(base_url: impl Into<String>) -> Result<Self, LockError> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| LockError::Transport(e.to_string()))?;
-        Ok(Self::with_client(http, base_url))
+        Ok(Self::with_client(http_client(Duration::from_secs(5), Duration::from_secs(30))?, base_url))
     }
 
     /// A client using a configured `reqwest::Client`.
     pub fn with_client(http: reqwest::Client, base_url: impl Into<String>) -> Self {
-        let mut base = base_url.into();
-        while base.ends_with('/') {
-            base.pop();
-        }
-        DemoLockClient { http, base }
+        DemoLockClient { http, base: without_trailing_slashes(base_url.into()) }
     }
 
     /// The service's base URL.
@@ -170,6 +160,24 @@ struct StatusBody {
     holder: String,
     token: u64,
     expires_in_ms: u64,
+}
+
+/// The service's HTTP client: never through a proxy, each step bounded.
+pub(crate) fn http_client(connect: Duration, request: Duration) -> Result<reqwest::Client, LockError> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(connect)
+        .timeout(request)
+        .build()
+        .map_err(|e| LockError::Transport(e.to_string()))
+}
+
+/// `base` without trailing slashes, so that paths can be appended as `{base}/v1/…`.
+pub(crate) fn without_trailing_slashes(mut base: String) -> String {
+    while base.ends_with('/') {
+        base.pop();
+    }
+    base
 }
 
 pub(crate) fn segment(s: &str) -> String {

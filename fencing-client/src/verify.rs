@@ -252,21 +252,15 @@ impl DemoLockVerifier {
     /// Asks the service at `base_url` (e.g. `http://127.0.0.1:7000`). Proxies are
     /// never used; connecting is bounded to 1 s and each check to 2 s.
     pub fn new(base_url: impl Into<String>) -> Result<Self, LockError> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(Duration::from_secs(2))
-            .build()
-            .map_err(|e| LockError::Transport(e.to_string()))?;
-        Ok(Self::with_client(http, base_url))
+        Ok(Self::with_client(
+            crate::demo::http_client(Duration::from_secs(1), Duration::from_secs(2))?,
+            base_url,
+        ))
     }
 
     /// Asks through a configured `reqwest::Client` (set its timeout).
     pub fn with_client(http: reqwest::Client, base_url: impl Into<String>) -> Self {
-        let mut base = base_url.into();
-        while base.ends_with('/') {
-            base.pop();
-        }
+        let base = crate::demo::without_trailing_slashes(base_url.into());
         Self::over(DemoLockCheck { http, base: base.into() })
     }
 }

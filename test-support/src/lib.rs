@@ -1,7 +1,8 @@
 //! What the workspace's tests share, written once: the loud skip, free ports,
 //! throwaway servers (Redis, etcd, ZooKeeper) on ephemeral loopback ports, a
-//! throwaway database on the shared PostgreSQL (feature `postgres`), and a TCP
-//! proxy that can stop answering.
+//! throwaway database on the shared PostgreSQL (feature `postgres`), and TCP
+//! proxies that can stop answering ([`Proxy`]) or stall and sever ([`StallProxy`]),
+//! and the workspace's own server binaries as child processes ([`ChildServer`]).
 //!
 //! A dev-dependency only (`publish = false`). Every server lives in a temporary
 //! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle
@@ -15,10 +16,12 @@
 
 #![deny(missing_docs, unsafe_code, unreachable_pub)]
 
+mod child_server;
 mod etcd;
 mod process;
 mod proxy;
 mod redis;
+mod stall;
 #[cfg(feature = "postgres")]
 mod testdb;
 mod zookeeper;
@@ -26,9 +29,11 @@ mod zookeeper;
 use std::io::Write;
 use std::net::TcpListener;
 
+pub use child_server::ChildServer;
 pub use etcd::Etcd;
 pub use proxy::Proxy;
 pub use redis::Redis;
+pub use stall::StallProxy;
 #[cfg(feature = "postgres")]
 pub use testdb::{BOUND, TestDb};
 pub use zookeeper::ZooKeeper;

@@ -57,3 +57,19 @@ pub async fn cancelled_at(lease: &fencing_client::Lease, limit: Duration) -> Ins
     tokio::time::timeout(limit, lease.cancelled()).await.expect("lease not cancelled in time");
     Instant::now()
 }
+
+/// A lease whose server stopped answering is lost by its local deadline at the
+/// latest: its renewal fails (refused, reset or timed out) first, or the keeper's
+/// deadline timer fires, which tokio may deliver a few ms late.
+pub async fn lost_by_its_deadline(lease: &fencing_client::Lease) {
+    use fencing_client::{LockError, LossReason};
+    let limit = lease.deadline().saturating_duration_since(Instant::now()) + Duration::from_secs(1);
+    let at = cancelled_at(lease, limit).await;
+    assert!(!lease.is_valid());
+    assert!(at <= lease.deadline() + Duration::from_millis(50), "{:?} after", at - lease.deadline());
+    match lease.loss_reason() {
+        Some(LossReason::RenewalFailed(LockError::Transport(_) | LockError::Timeout))
+        | Some(LossReason::DeadlinePassed) => {}
+        other => panic!("unexpected loss reason {other:?}"),
+    }
+}

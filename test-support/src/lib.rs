@@ -29,7 +29,7 @@ mod zookeeper;
 use std::io::Write;
 use std::net::TcpListener;
 
-pub use child_server::ChildServer;
+pub use child_server::{ChildServer, Starting};
 pub use etcd::Etcd;
 pub use proxy::Proxy;
 pub use redis::Redis;

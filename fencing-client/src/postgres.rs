@@ -294,18 +294,21 @@ impl LockProtocol for PgLockClient {
     }
 
     async fn keepalive(&self, grant: &Grant) -> Result<(), LockError> {
-        let token = token_to_db(grant.token)?;
-        let client = self.pool.get().await.map_err(pool_error)?;
-        match client.execute(&self.sql.keepalive, &[&grant.name, &token]).await.map_err(pg_error)? {
-            1 => Ok(()),
-            _ => Err(LockError::LeaseNotFound),
-        }
+        self.on_own_row(&self.sql.keepalive, grant).await
     }
 
     async fn release(&self, grant: &Grant) -> Result<(), LockError> {
+        self.on_own_row(&self.sql.release, grant).await
+    }
+}
+
+impl PgLockClient {
+    /// Runs `sql` ($1 name, $2 token) on `grant`'s row: one row touched, or the
+    /// lease is not ours (anymore).
+    async fn on_own_row(&self, sql: &str, grant: &Grant) -> Result<(), LockError> {
         let token = token_to_db(grant.token)?;
         let client = self.pool.get().await.map_err(pool_error)?;
-        match client.execute(&self.sql.release, &[&grant.name, &token]).await.map_err(pg_error)? {
+        match client.execute(sql, &[&grant.name, &token]).await.map_err(pg_error)? {
             1 => Ok(()),
             _ => Err(LockError::LeaseNotFound),
         }

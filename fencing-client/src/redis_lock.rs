@@ -326,30 +326,25 @@ impl LockProtocol for RedisLockClient {
 
     async fn keepalive(&self, grant: &Grant) -> Result<(), LockError> {
         let ttl_ms = ttl_millis(grant.ttl)?;
-        let mut connection = self.connection.clone();
-        let renewed: i64 = self
-            .scripts
-            .keepalive
-            .key(self.lock_key(&grant.name))
-            .arg(stored_value(grant))
-            .arg(ttl_ms)
-            .invoke_async(&mut connection)
-            .await
-            .map_err(redis_error)?;
-        if renewed == 1 { Ok(()) } else { Err(LockError::LeaseNotFound) }
+        let mut call = self.scripts.keepalive.key(self.lock_key(&grant.name));
+        call.arg(stored_value(grant)).arg(ttl_ms);
+        self.on_own_key(&call).await
     }
 
     async fn release(&self, grant: &Grant) -> Result<(), LockError> {
+        let mut call = self.scripts.release.key(self.lock_key(&grant.name));
+        call.arg(stored_value(grant));
+        self.on_own_key(&call).await
+    }
+}
+
+impl RedisLockClient {
+    /// Runs a script on a grant's lock key that answers 1 when the key still
+    /// holds the grant's value (and acted), else 0: the lease is not ours (anymore).
+    async fn on_own_key(&self, call: &redis::ScriptInvocation<'_>) -> Result<(), LockError> {
         let mut connection = self.connection.clone();
-        let deleted: i64 = self
-            .scripts
-            .release
-            .key(self.lock_key(&grant.name))
-            .arg(stored_value(grant))
-            .invoke_async(&mut connection)
-            .await
-            .map_err(redis_error)?;
-        if deleted == 1 { Ok(()) } else { Err(LockError::LeaseNotFound) }
+        let done: i64 = call.invoke_async(&mut connection).await.map_err(redis_error)?;
+        if done == 1 { Ok(()) } else { Err(LockError::LeaseNotFound) }
     }
 }
 

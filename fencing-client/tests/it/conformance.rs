@@ -40,6 +40,8 @@ pub(crate) trait Backend: Sized + 'static {
     const CONSECUTIVE_TOKENS: bool = false;
     /// A holder paused past this TTL loses the lock; not before the second duration.
     const PAUSED: (Duration, Duration);
+    /// A TTL its keepalives hold past (renewed every third of it).
+    const KEEPALIVE_TTL: Duration = Duration::from_millis(900);
     /// The backend's own checks after the race (its key layout, its counter).
     async fn after_race(&self, _locks: &Self::Locks, _last: &Grant) {}
 }
@@ -80,6 +82,11 @@ macro_rules! conformance {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn expired_holder_is_replaced_with_a_higher_token_and_fenced() {
             crate::conformance::expired_holder_is_replaced_with_a_higher_token_and_fenced::<$backend>().await
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn keepalives_hold_the_lock_past_its_ttl() {
+            crate::conformance::keepalives_hold_the_lock_past_its_ttl::<$backend>().await
         }
     };
 }
@@ -205,6 +212,21 @@ pub(crate) async fn expired_holder_is_replaced_with_a_higher_token_and_fenced<B:
     assert_eq!(B::status(&b, "ledger").await.unwrap().token, lease_b.token());
     lease_b.release().await.unwrap();
     assert_eq!(B::status(&b, "ledger").await, None);
+}
+
+/// A lease kept alive outlives its TTL several times over: still valid, still
+/// the holder's (same token), refused to another; released, the lock is free.
+pub(crate) async fn keepalives_hold_the_lock_past_its_ttl<B: Backend>() {
+    let Some(server) = B::start().await else { return };
+    let a = server.locks().await;
+    let b = server.locks().await;
+    let lease = a.lease("held", "client-a", B::KEEPALIVE_TTL).await.unwrap();
+    sleep(B::KEEPALIVE_TTL * 10 / 3).await;
+    assert!(lease.is_valid(), "lost: {:?}", lease.loss_reason());
+    assert!(matches!(b.acquire("held", "client-b", B::KEEPALIVE_TTL).await, Err(LockError::Held { .. })));
+    assert_eq!(B::status(&b, "held").await.unwrap().token, lease.token());
+    lease.release().await.unwrap();
+    assert_eq!(B::status(&b, "held").await, None);
 }
 
 /// Tokens keep increasing across kill -9 restarts of the server: the counter

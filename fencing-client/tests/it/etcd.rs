@@ -29,6 +29,7 @@ impl Backend for Etcd {
     }
     /// etcd's lease TTLs are whole seconds, at least 2 s by default.
     const PAUSED: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(1));
+    const KEEPALIVE_TTL: Duration = Duration::from_secs(2);
 }
 
 conformance!(Etcd);

@@ -12,7 +12,6 @@ use fencing_client::{
     Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LockStatus, LossReason, ZkLockClient,
 };
 use test_support::ZooKeeper;
-use tokio::time::sleep;
 
 use crate::common::{cancelled_at, lost_by_its_deadline};
 use crate::conformance::{Backend, Restartable};
@@ -70,17 +69,10 @@ restart_conformance!(ZooKeeper);
 // ---------- tests ----------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keepalives_hold_the_lock_past_its_ttl_and_loss_is_detected() {
+async fn a_deleted_lock_znode_or_a_stopped_server_is_loss() {
     let Some(mut server) = ZooKeeper::start().await else { return };
     let a = ZkLockClient::connect(&server.cluster()).await.unwrap();
-
     let lease = a.lease("held", "client-a", Duration::from_millis(900)).await.unwrap();
-    sleep(Duration::from_secs(3)).await;
-    assert!(lease.is_valid(), "lost: {:?}", lease.loss_reason());
-    assert!(matches!(
-        a.acquire("held", "client-b", Duration::from_secs(1)).await,
-        Err(LockError::Held { .. })
-    ));
 
     // The lock znode deleted behind the holder's back: loss at the next renewal.
     a.client().delete(&a.lock_path("held"), None).await.unwrap();

@@ -1,4 +1,4 @@
-//! [`LockBackend`] for the workspace's `demo-lock-service`, over HTTP.
+//! [`LockBackend`](crate::LockBackend) for the workspace's `demo-lock-service`, over HTTP.
 
 use std::time::Duration;
 

@@ -1,4 +1,4 @@
-//! [`LockBackend`] on etcd v3 (feature `etcd`): a lock key on an etcd lease, whose
+//! [`LockBackend`](crate::LockBackend) on etcd v3 (feature `etcd`): a lock key on an etcd lease, whose
 //! create revision is the fencing token.
 //!
 //! See [`EtcdLockClient`] for how locks, tokens and TTLs map onto etcd.

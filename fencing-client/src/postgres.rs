@@ -1,4 +1,4 @@
-//! [`LockBackend`] on PostgreSQL (feature `postgres`): a lease table, a durable token
+//! [`LockBackend`](crate::LockBackend) on PostgreSQL (feature `postgres`): a lease table, a durable token
 //! counter row, and expiry judged on the database's clock.
 //!
 //! See [`PgLockClient`] for the tables, the statements and why the tokens are durable.

@@ -1,4 +1,4 @@
-//! [`LockBackend`] on Redis (feature `redis`): `SET … PX` and `INCR` of a per-lock
+//! [`LockBackend`](crate::LockBackend) on Redis (feature `redis`): `SET … PX` and `INCR` of a per-lock
 //! token counter in one Lua script, compare-and-set scripts for keepalive and release,
 //! and a refusal of servers that would lose the counter in a crash.
 //!

@@ -1,4 +1,4 @@
-//! [`LockBackend`] on ZooKeeper (feature `zookeeper`): one ephemeral lock znode per
+//! [`LockBackend`](crate::LockBackend) on ZooKeeper (feature `zookeeper`): one ephemeral lock znode per
 //! lock, on a session of its own per grant; the token is the znode's creation zxid.
 //!
 //! See [`ZkLockClient`].

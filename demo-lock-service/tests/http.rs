@@ -1,12 +1,12 @@
 //! Over-the-wire tests on 127.0.0.1: concurrency, restart, and kill -9 of the binary.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use demo_lock_service::{Config, LockService, RunningService};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use test_support::ChildServer;
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap()
@@ -141,52 +141,16 @@ async fn graceful_restart_on_the_same_dir() {
     svc.shutdown().await.unwrap();
 }
 
-/// A child `demo-lock-service` process, killed when dropped.
-struct Proc {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn spawn_binary(dir: &std::path::Path) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_demo-lock-service"))
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("start demo-lock-service");
-    let stdout = child.stdout.take().unwrap();
-    // The binary prints "listening on ADDR" once bound; read it off the main thread.
-    let line = tokio::time::timeout(
-        Duration::from_secs(30),
-        tokio::task::spawn_blocking(move || {
-            let mut line = String::new();
-            BufReader::new(stdout).read_line(&mut line).map(|_| line)
-        }),
-    )
-    .await
-    .expect("the binary did not report its address in time")
-    .unwrap()
-    .unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    let proc = Proc { child, base: format!("http://{addr}") };
+/// A child `demo-lock-service` (test-support's child server, SIGKILLed when
+/// dropped), once `/healthz` answers.
+async fn spawn_binary(dir: &std::path::Path) -> ChildServer {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_demo-lock-service"));
+    command.args(["--listen", "127.0.0.1:0", "--data-dir"]).arg(dir).env("RUST_LOG", "warn");
+    let proc = ChildServer::start(command.stdin(Stdio::null()).stderr(Stdio::inherit()));
     // Ready once /healthz answers; bounded number of tries.
     let c = client();
     for _ in 0..100 {
-        if let Ok(r) = c.get(format!("{}/healthz", proc.base)).send().await
+        if let Ok(r) = c.get(format!("{}/healthz", proc.base())).send().await
             && r.status() == StatusCode::OK
         {
             return proc;
@@ -204,7 +168,7 @@ async fn kill_9_then_restart_never_reissues_a_token() {
     let mut p = spawn_binary(dir.path()).await;
     let mut acknowledged = Vec::new();
     for i in 0..20 {
-        let (status, body) = acquire(&c, &p.base, &format!("k{}", i % 4), &format!("h{i}"), 60_000).await;
+        let (status, body) = acquire(&c, &p.base(), &format!("k{}", i % 4), &format!("h{i}"), 60_000).await;
         if status == StatusCode::CREATED {
             acknowledged.push(body["token"].as_u64().unwrap());
         } else {
@@ -215,7 +179,7 @@ async fn kill_9_then_restart_never_reissues_a_token() {
     // Grants racing with the kill: whatever was acknowledged must not be reissued.
     let (first_tx, mut first_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
     let racing = {
-        let (c, base) = (c.clone(), p.base.clone());
+        let (c, base) = (c.clone(), p.base());
         tokio::spawn(async move {
             let mut acked = Vec::new();
             for i in 0..200 {
@@ -242,14 +206,13 @@ async fn kill_9_then_restart_never_reissues_a_token() {
         .await
         .expect("no racing grant")
         .expect("racing task ended early");
-    p.child.kill().expect("SIGKILL");
-    p.child.wait().unwrap();
+    p.kill_9();
     acknowledged.extend(racing.await.unwrap());
     let max_acked = *acknowledged.iter().max().unwrap();
     drop(p);
 
     let p = spawn_binary(dir.path()).await;
-    let (status, body) = acquire(&c, &p.base, "after-kill", "h", 1000).await;
+    let (status, body) = acquire(&c, &p.base(), "after-kill", "h", 1000).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let token = body["token"].as_u64().unwrap();
     assert!(
@@ -257,7 +220,7 @@ async fn kill_9_then_restart_never_reissues_a_token() {
         "token {token} after restart, but {max_acked} was acknowledged before kill -9"
     );
     // A lock held before the kill is still held by its holder.
-    let (status, body) = acquire(&c, &p.base, "k0", "intruder", 1000).await;
+    let (status, body) = acquire(&c, &p.base(), "k0", "intruder", 1000).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     drop(p);
 }

@@ -1,14 +1,14 @@
 //! The binary's `keygen` subcommand and the `--signing-key` and `--max-leases` flags,
 //! run as a real process on 127.0.0.1.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use fencing_layer::{Ed25519Verifier, ProofPublicKey};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use test_support::ChildServer;
 
 const BIN: &str = env!("CARGO_BIN_EXE_demo-lock-service");
 
@@ -24,31 +24,14 @@ fn keygen(secret: &Path, public: &Path) -> Output {
         .expect("run demo-lock-service keygen")
 }
 
-/// A child process, killed when dropped.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn serve(args: &[&std::ffi::OsStr]) -> (Proc, String) {
-    let mut child = Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0"])
-        .args(args)
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start demo-lock-service");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line {line:?}"));
-    let base = format!("http://{addr}");
-    (Proc(child), base)
+/// A child `demo-lock-service serve` with `args` (test-support's child server,
+/// SIGKILLed when dropped) and its base URL.
+fn serve(args: &[&std::ffi::OsStr]) -> (ChildServer, String) {
+    let mut command = Command::new(BIN);
+    command.args(["--listen", "127.0.0.1:0"]).args(args).env("RUST_LOG", "error");
+    let server = ChildServer::start(command.stdin(Stdio::null()).stderr(Stdio::null()));
+    let base = server.base();
+    (server, base)
 }
 
 async fn acquire(base: &str, name: &str) -> (StatusCode, Option<String>, Value) {

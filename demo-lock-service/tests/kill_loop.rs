@@ -7,45 +7,23 @@
 //! `FENCING_KILL_CYCLES=N` sets the number of kill/restart cycles (default 50);
 //! `FENCING_KILL_SEED=S` the seed of the kill moments and the clients' choices.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-
-/// A child `demo-lock-service` process, killed when dropped.
-struct Proc {
-    child: Child,
-    base: String,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use test_support::ChildServer;
 
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
 }
 
-fn start(dir: &std::path::Path) -> Proc {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_demo-lock-service"))
-        .args(["--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(dir)
-        .env("RUST_LOG", "error")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start demo-lock-service");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line {line:?}"));
-    Proc { base: format!("http://{addr}"), child }
+/// A child `demo-lock-service` (test-support's child server, SIGKILLed when dropped).
+fn start(dir: &std::path::Path) -> ChildServer {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_demo-lock-service"));
+    command.args(["--listen", "127.0.0.1:0", "--data-dir"]).arg(dir).env("RUST_LOG", "error");
+    ChildServer::start(command.stdin(Stdio::null()).stderr(Stdio::null()))
 }
 
 /// A small xorshift generator: the kill moments and names follow the seed.
@@ -92,7 +70,7 @@ async fn tokens_strictly_increase_across_kill_9_restarts() {
         let proc = start(dir.path());
         let mut clients = Vec::new();
         for id in 0..3 {
-            let (http, base, granted) = (http.clone(), proc.base.clone(), Arc::clone(&granted));
+            let (http, base, granted) = (http.clone(), proc.base(), Arc::clone(&granted));
             let mut rng = Rng(rng.next() | 1);
             clients.push(tokio::spawn(async move {
                 let mut refused = 0usize;
@@ -121,8 +99,7 @@ async fn tokens_strictly_increase_across_kill_9_restarts() {
         // Kill at a seeded moment while the clients are acquiring.
         tokio::time::sleep(Duration::from_millis(20 + rng.below(150))).await;
         let mut proc = proc;
-        proc.child.kill().unwrap();
-        proc.child.wait().unwrap();
+        proc.kill_9();
         for c in clients {
             let (r, cut) = c.await.unwrap();
             refused += r;

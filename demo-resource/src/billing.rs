@@ -48,7 +48,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use fencing_client::LockBackend;
+use fencing_client::{LockBackend, LockBackendExt};
 
 use history::Recorder;
 pub use history::{Event, MarkOutcome, Recorded};

@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use demo_lock_service::LockService;
 use fencing_client::{
-    DemoLockClient, EtcdLockClient, Grant, Lease, LockBackend, LockError, LockStatus, PgLockClient,
-    RedisLockClient, ZkLockClient, fence_reqwest,
+    DemoLockClient, EtcdLockClient, Grant, Lease, LockBackend, LockBackendExt, LockError, LockStatus,
+    PgLockClient, RedisLockClient, ZkLockClient, fence_reqwest,
 };
 use serde_json::Value;
 

@@ -5,10 +5,7 @@
 //!
 //! Without redis-server or PostgreSQL these tests print SKIPPED and pass, unless `CI=true`.
 
-use std::io::Write;
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use demo_resource::billing::{
@@ -16,57 +13,23 @@ use demo_resource::billing::{
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use test_support::{Redis, skip};
 
 mod svg_check;
 
 const PG_ADMIN: &str = "postgres://postgres@127.0.0.1:5432/postgres?connect_timeout=3";
 const BOUND: Duration = Duration::from_secs(60);
 
-fn skip<T>(what: &str) -> Option<T> {
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true and {what}");
-    // Straight to stderr: the test harness captures `eprintln!` of passing tests.
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {what} ***\n");
-    None
-}
-
-/// A `redis-server` of the test's own, killed on drop (panics included).
-struct Redis(Child, #[allow(dead_code)] tempfile::TempDir);
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A private Redis and the options pointing at it, or `None` (after SKIPPED).
+/// A private Redis (test-support's: no AOF, killed on drop) and the options
+/// pointing at it, or `None` (after SKIPPED).
 async fn servers() -> Option<(Redis, Options)> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let bin = std::env::split_paths(&path).map(|d| d.join("redis-server")).find(|p| p.is_file());
-    let bin: PathBuf = bin.or_else(|| skip("redis-server not installed"))?;
     if let Err(e) = tokio_postgres::connect(PG_ADMIN, tokio_postgres::NoTls).await {
         return skip(&format!("PostgreSQL not reachable at 127.0.0.1:5432 as postgres: {e}"));
     }
-    let dir = tempfile::tempdir().unwrap();
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let child = Command::new(bin)
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let redis = Redis(child, dir);
-    // Up once it accepts connections (the scenario would otherwise start a Redis of its own).
-    tokio::time::timeout(Duration::from_secs(10), async {
-        while tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_err() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    })
-    .await
-    .expect("redis-server accepts connections");
+    // Up once it answers PING (the scenario would otherwise start a Redis of its own).
+    let redis = Redis::start_with(&["--appendonly", "no"]).await?;
     let options = Options {
-        redis_url: format!("redis://127.0.0.1:{port}"),
+        redis_url: redis.url(),
         postgres_url: PG_ADMIN.into(),
         customers: 5,
         ttl: Duration::from_millis(150),

@@ -1,90 +1,20 @@
 //! The seed's scenario with etcd issuing the tokens: a real etcd on ephemeral
-//! 127.0.0.1 ports, stopped on drop (also on panic).
+//! 127.0.0.1 ports (test-support's), stopped on drop (also on panic).
 //!
 //! Without an `etcd` binary on PATH (or in `$ETCD_BIN`) these tests print
 //! "SKIPPED: etcd not installed" and pass, unless `CI=true`, where that is a failure.
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use demo_resource::scenario::{self, A_IN_FLIGHT_WRITE, A_WRITE, B_WRITE, TokenSource};
 use fencing_client::EtcdLockClient;
 use fencing_client::etcd_client::GetOptions;
-
-struct Etcd {
-    child: Child,
-    endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn etcd_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ETCD_BIN") {
-        return Some(PathBuf::from(p));
-    }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("etcd")).find(|p| p.is_file())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Starts etcd and waits (bounded) until it answers; `None` after a loud skip notice
-/// when etcd is not installed and this is not CI.
-async fn start_etcd() -> Option<Etcd> {
-    let Some(bin) = etcd_binary() else {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("etcd not installed, and CI=true: the etcd scenario must run in CI");
-        }
-        eprintln!("SKIPPED: etcd not installed (put `etcd` on PATH or set ETCD_BIN to run this test)");
-        return None;
-    };
-    // A port picked by binding :0 can be taken again before etcd binds it: retry with new ports.
-    for attempt in 1..=3 {
-        let dir = tempfile::tempdir().unwrap();
-        let client_url = format!("http://127.0.0.1:{}", free_port());
-        let peer_url = format!("http://127.0.0.1:{}", free_port());
-        let child = Command::new(&bin)
-            .args(["--name", "scenario"])
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
-            .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("scenario={peer_url}")])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let mut etcd = Etcd { child, endpoint: client_url, _dir: dir };
-        let client = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
-        for _ in 0..150 {
-            if etcd.child.try_wait().unwrap().is_some() {
-                break;
-            }
-            let mut kv = client.client().clone();
-            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(500), kv.get("probe", None)).await {
-                return Some(etcd);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        eprintln!("etcd attempt {attempt} did not come up");
-    }
-    panic!("etcd did not start in 3 attempts");
-}
+use test_support::Etcd;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scenario_with_etcd_tokens_has_the_expected_outcomes() {
-    let Some(etcd) = start_etcd().await else { return };
+    let Some(etcd) = Etcd::start().await else { return };
     let source = TokenSource::Etcd { endpoints: vec![etcd.endpoint.clone()] };
     let report = tokio::time::timeout(Duration::from_secs(60), scenario::run_with(source))
         .await
@@ -122,7 +52,7 @@ async fn the_scenario_with_etcd_tokens_has_the_expected_outcomes() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_runs_the_scenario_against_etcd() {
-    let Some(etcd) = start_etcd().await else { return };
+    let Some(etcd) = Etcd::start().await else { return };
     let endpoint = etcd.endpoint.clone();
     let output = tokio::task::spawn_blocking(move || {
         Command::new(env!("CARGO_BIN_EXE_demo-resource"))
@@ -154,7 +84,7 @@ async fn the_binary_runs_the_scenario_against_etcd() {
 
 #[test]
 fn an_unreachable_etcd_fails_the_scenario_with_a_clear_error() {
-    let endpoint = format!("http://127.0.0.1:{}", free_port());
+    let endpoint = format!("http://127.0.0.1:{}", test_support::free_port());
     let output = Command::new(env!("CARGO_BIN_EXE_demo-resource"))
         .args(["scenario", "--lock-backend", "etcd", "--etcd-endpoints", &endpoint])
         .output()

@@ -1,63 +1,25 @@
 //! `kill -9` a real `demo-resource serve` process and restart it on the same data
 //! directory: raised marks and acknowledged writes are still there.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use reqwest::Client;
 use serde_json::{Value, json};
+use test_support::ChildServer;
 
-/// A running `demo-resource serve`; killed (SIGKILL) when dropped, so a failed
-/// assertion never leaves it behind.
-struct Server {
-    child: Child,
-    base: String,
+/// A running `demo-resource serve` on `data_dir` (test-support's child server:
+/// SIGKILLed when dropped, so a failed assertion never leaves it behind).
+fn start(data_dir: &Path) -> ChildServer {
+    start_with(&[std::ffi::OsStr::new("--data-dir"), data_dir.as_os_str()])
 }
 
-impl Server {
-    fn start(data_dir: &Path) -> Self {
-        Self::start_with(&[std::ffi::OsStr::new("--data-dir"), data_dir.as_os_str()])
-    }
-
-    fn start_with(args: &[impl AsRef<std::ffi::OsStr>]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_demo-resource"))
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("demo-resource starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let mut server = Self { child, base: String::new() };
-        let line = rx.recv_timeout(Duration::from_secs(30)).expect("`listening on` within 30 s");
-        let addr =
-            line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line: {line:?}"));
-        server.base = format!("http://{addr}");
-        server
-    }
-
-    /// SIGKILL: no shutdown code runs.
-    fn kill_9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A running `demo-resource serve` with `args`.
+fn start_with(args: &[impl AsRef<std::ffi::OsStr>]) -> ChildServer {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_demo-resource"));
+    command.args(["serve", "--listen", "127.0.0.1:0"]).args(args).env("RUST_LOG", "warn");
+    ChildServer::start(command.stderr(Stdio::null()))
 }
 
 fn client() -> Client {
@@ -65,16 +27,16 @@ fn client() -> Client {
 }
 
 /// Polls `/healthz` a bounded number of times.
-async fn healthy(http: &Client, server: &Server) {
+async fn healthy(http: &Client, server: &ChildServer) {
     for _ in 0..100 {
-        if let Ok(response) = http.get(format!("{}/healthz", server.base)).send().await
+        if let Ok(response) = http.get(format!("{}/healthz", server.base())).send().await
             && response.status() == 200
         {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("{} never became healthy", server.base);
+    panic!("{} never became healthy", server.base());
 }
 
 async fn write(
@@ -101,9 +63,9 @@ async fn marks_and_acknowledged_writes_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let http = client();
 
-    let server = Server::start(dir.path());
+    let mut server = start(dir.path());
     healthy(&http, &server).await;
-    let base = server.base.clone();
+    let base = server.base();
     assert_eq!(write(&http, "POST", format!("{base}/logs/audit"), 3, "one").await.0, 201);
     assert_eq!(write(&http, "POST", format!("{base}/logs/audit"), 3, "two").await.0, 201);
     assert_eq!(write(&http, "PUT", format!("{base}/kv/owner"), 3, "A").await.0, 201);
@@ -114,9 +76,9 @@ async fn marks_and_acknowledged_writes_survive_kill_9() {
     assert_eq!(write(&http, "POST", format!("{base}/logs/audit"), 3, "stale").await.0, 409);
     server.kill_9();
 
-    let server = Server::start(dir.path());
+    let mut server = start(dir.path());
     healthy(&http, &server).await;
-    let base = server.base.clone();
+    let base = server.base();
     // The stale tokens are still refused, naming the marks from before the crash.
     let (status, problem) = write(&http, "POST", format!("{base}/logs/audit"), 3, "stale").await;
     assert_eq!((status, &problem["highest_token"]), (409, &json!(7)), "{problem}");
@@ -144,9 +106,9 @@ async fn marks_and_acknowledged_writes_survive_kill_9() {
     server.kill_9();
 
     // And once more, with the writes made after the first restart.
-    let server = Server::start(dir.path());
+    let server = start(dir.path());
     healthy(&http, &server).await;
-    let base = server.base.clone();
+    let base = server.base();
     let (_, log) = read(&http, format!("{base}/logs/audit")).await;
     let values: Vec<&str> =
         log["entries"].as_array().unwrap().iter().map(|e| e["value"].as_str().unwrap()).collect();
@@ -159,16 +121,16 @@ async fn marks_and_acknowledged_writes_survive_kill_9() {
 #[tokio::test]
 async fn in_memory_forgets_everything_on_restart() {
     let http = client();
-    let server = Server::start_with(&["--in-memory"]);
+    let mut server = start_with(&["--in-memory"]);
     healthy(&http, &server).await;
-    let base = server.base.clone();
+    let base = server.base();
     assert_eq!(write(&http, "POST", format!("{base}/logs/l"), 5, "lost").await.0, 201);
     assert_eq!(write(&http, "POST", format!("{base}/logs/l"), 4, "stale").await.0, 409);
     server.kill_9();
 
-    let server = Server::start_with(&["--in-memory"]);
+    let server = start_with(&["--in-memory"]);
     healthy(&http, &server).await;
-    let base = server.base.clone();
+    let base = server.base();
     assert_eq!(read(&http, format!("{base}/logs/l")).await.0, 404);
     assert_eq!(write(&http, "POST", format!("{base}/logs/l"), 4, "accepted again").await.0, 201);
 }
@@ -177,7 +139,7 @@ async fn in_memory_forgets_everything_on_restart() {
 async fn a_second_process_cannot_open_a_data_dir_in_use() {
     let dir = tempfile::tempdir().unwrap();
     let http = client();
-    let server = Server::start(dir.path());
+    let server = start(dir.path());
     healthy(&http, &server).await;
     let mut second = Command::new(env!("CARGO_BIN_EXE_demo-resource"))
         .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])

@@ -6,9 +6,8 @@
 //! `FENCING_RESOURCE_KILL_CYCLES=N` (default 50) and `FENCING_KILL_SEED=S`.
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,38 +15,15 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reqwest::Client;
 use serde_json::Value;
+use test_support::ChildServer;
 
 const KEYS: usize = 3;
 
-/// A running `demo-resource serve`, SIGKILLed when dropped.
-struct Server {
-    child: Child,
-    base: String,
-}
-
-impl Server {
-    fn start(data_dir: &Path) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_demo-resource"))
-            .args(["serve", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
-            .env("RUST_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("demo-resource starts");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr =
-            line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line: {line:?}"));
-        Self { base: format!("http://{addr}"), child }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A running `demo-resource serve` (test-support's child server, SIGKILLed when dropped).
+fn start(data_dir: &Path) -> ChildServer {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_demo-resource"));
+    command.args(["serve", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data_dir).env("RUST_LOG", "error");
+    ChildServer::start(command.stderr(Stdio::null()))
 }
 
 /// What the writers know: per key the current holder's token, the highest
@@ -103,8 +79,8 @@ async fn acknowledged_writes_and_marks_survive_kill_9_under_writes() {
     let mut cut_off = 0usize;
 
     for cycle in 0..cycles {
-        let server = Server::start(dir.path());
-        let base = server.base.clone();
+        let server = start(dir.path());
+        let base = server.base();
         // After the restart (cycle > 0): every acknowledged write is there, in
         // non-decreasing token order, and a stale token is refused.
         for key in 0..KEYS {
@@ -171,8 +147,7 @@ async fn acknowledged_writes_and_marks_survive_kill_9_under_writes() {
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(30..250))).await;
         let mut server = server;
-        server.child.kill().unwrap();
-        server.child.wait().unwrap();
+        server.kill_9();
         for w in writers {
             cut_off += usize::from(w.await.unwrap());
         }

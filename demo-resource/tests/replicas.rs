@@ -12,9 +12,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -23,62 +21,23 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use reqwest::{Client, Method};
 use serde_json::{Value, json};
+use test_support::ChildServer;
 
-/// A running `demo-resource serve`; SIGKILLed when dropped, so a failed
-/// assertion never leaves it behind.
-struct Replica {
-    child: Child,
-    base: String,
-}
+/// A running `demo-resource serve` (test-support's child server: SIGKILLed when
+/// dropped, so a failed assertion never leaves it behind).
+type Replica = ChildServer;
 
-impl Replica {
-    /// Starts `n` replicas on `db` at once (so their migrations race), each
-    /// with `args` after `--postgres URL`, and waits for their `listening on`.
-    fn start(db: &TestDb, n: usize, args: &[&str]) -> Vec<Replica> {
-        let starting: Vec<_> = (0..n)
-            .map(|_| {
-                let mut child = Command::new(env!("CARGO_BIN_EXE_demo-resource"))
-                    .args(["serve", "--listen", "127.0.0.1:0", "--postgres", &db.url()])
-                    .args(args)
-                    .env("RUST_LOG", "error")
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::inherit())
-                    .spawn()
-                    .expect("demo-resource starts");
-                let stdout = child.stdout.take().unwrap();
-                let (tx, rx) = mpsc::channel();
-                std::thread::spawn(move || {
-                    let mut line = String::new();
-                    let _ = BufReader::new(stdout).read_line(&mut line);
-                    let _ = tx.send(line);
-                });
-                (child, rx)
-            })
-            .collect();
-        let mut replicas = Vec::new();
-        for (child, rx) in starting {
-            let mut replica = Replica { child, base: String::new() };
-            let line = rx.recv_timeout(Duration::from_secs(30)).expect("`listening on` within 30 s");
-            let addr =
-                line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line: {line:?}"));
-            replica.base = format!("http://{addr}");
-            replicas.push(replica);
-        }
-        replicas
-    }
-
-    /// SIGKILL: no shutdown code runs, its connections to PostgreSQL just drop.
-    fn kill_9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts `n` replicas on `db` at once (so their migrations race), each with
+/// `args` after `--postgres URL`, and waits for their `listening on`.
+fn start_replicas(db: &TestDb, n: usize, args: &[&str]) -> Vec<Replica> {
+    let starting: Vec<_> = (0..n)
+        .map(|_| {
+            let mut command = Command::new(env!("CARGO_BIN_EXE_demo-resource"));
+            command.args(["serve", "--listen", "127.0.0.1:0", "--postgres", &db.url()]).args(args);
+            ChildServer::spawn(command.env("RUST_LOG", "error").stderr(Stdio::inherit()))
+        })
+        .collect();
+    starting.into_iter().map(|replica| replica.ready()).collect()
 }
 
 fn client() -> Client {
@@ -95,12 +54,12 @@ async fn write(http: &Client, method: Method, url: String, token: u64, body: &st
 }
 
 async fn append(http: &Client, replica: &Replica, path: &str, token: u64, body: &str) -> (u16, Value) {
-    let url = format!("{}{path}", replica.base);
+    let url = format!("{}{path}", replica.base());
     write(http, Method::POST, url, token, body).await.expect("the replica answers")
 }
 
 async fn read(http: &Client, replica: &Replica, path: &str) -> (u16, Value) {
-    let response = http.get(format!("{}{path}", replica.base)).send().await.unwrap();
+    let response = http.get(format!("{}{path}", replica.base())).send().await.unwrap();
     (response.status().as_u16(), response.json().await.unwrap())
 }
 
@@ -175,7 +134,7 @@ async fn random_schedule(replicas: &[Replica], seed: u64, per_writer: usize) -> 
         checked: Checked,
     }
     let http = client();
-    let bases: Arc<Vec<String>> = Arc::new(replicas.iter().map(|r| r.base.clone()).collect());
+    let bases: Arc<Vec<String>> = Arc::new(replicas.iter().map(|r| r.base()).collect());
     let shared = Arc::new(Mutex::new(Shared::default()));
     let mut rng = StdRng::seed_from_u64(seed);
     let mut writers = Vec::new();
@@ -273,7 +232,7 @@ fn seed() -> u64 {
 async fn three_replicas_refuse_stale_writes_whichever_replica_they_reach() {
     let Some(db) = TestDb::create().await else { return };
     let started = Instant::now();
-    let replicas = Replica::start(&db, 3, &[]);
+    let replicas = start_replicas(&db, 3, &[]);
     let checked = random_schedule(&replicas, seed(), 40).await;
     let acked: usize = checked.acked.values().map(Vec::len).sum();
     eprintln!(
@@ -292,7 +251,7 @@ async fn three_replicas_refuse_stale_writes_whichever_replica_they_reach() {
 async fn with_local_marks_the_same_schedule_lets_stale_writes_through() {
     let Some(db) = TestDb::create().await else { return };
     let started = Instant::now();
-    let replicas = Replica::start(&db, 3, &["--local-marks"]);
+    let replicas = start_replicas(&db, 3, &["--local-marks"]);
     let checked = random_schedule(&replicas, seed(), 40).await;
     let acked: usize = checked.acked.values().map(Vec::len).sum();
     eprintln!(
@@ -320,14 +279,14 @@ async fn with_local_marks_the_same_schedule_lets_stale_writes_through() {
 async fn seed_scenario(local_marks: bool) -> Option<[(u16, Value); 6]> {
     let db = TestDb::create().await?;
     let args: &[&str] = if local_marks { &["--local-marks"] } else { &[] };
-    let replicas = Replica::start(&db, 2, args);
+    let replicas = start_replicas(&db, 2, args);
     let http = client();
     let b = append(&http, &replicas[0], "/logs/seed", 2, "B").await;
     let a = append(&http, &replicas[1], "/logs/seed", 1, "A").await;
     let after = read(&http, &replicas[0], "/logs/seed").await;
 
     let path = "/logs/in-flight";
-    let slow = format!("{}{path}?delay_ms=1500", replicas[1].base);
+    let slow = format!("{}{path}?delay_ms=1500", replicas[1].base());
     let sql = db.connect().await;
     let since = db_now(&sql).await;
     let a_slow = tokio::spawn(async move { write(&client(), Method::POST, slow, 1, "A").await });
@@ -370,16 +329,16 @@ async fn seed_scenario_with_local_marks_accepts_the_paused_holder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_write_leaves_nothing_applied_and_nothing_locked() {
     let Some(db) = TestDb::create().await else { return };
-    let mut replicas = Replica::start(&db, 3, &[]);
+    let mut replicas = start_replicas(&db, 3, &[]);
     let http = client();
     let sql = db.connect().await;
     assert_eq!(append(&http, &replicas[1], "/logs/k", 1, "before").await.0, 201);
-    let put = write(&http, Method::PUT, format!("{}/kv/k", replicas[1].base), 1, "before").await;
+    let put = write(&http, Method::PUT, format!("{}/kv/k", replicas[1].base()), 1, "before").await;
     assert_eq!(put.unwrap().0, 201);
 
     // Replica 0 takes a log append and a put with token 2, each stalled inside
     // its transaction after the fence: raised marks not committed, rows locked.
-    let victim = replicas[0].base.clone();
+    let victim = replicas[0].base();
     let since = db_now(&sql).await;
     let doomed = [("POST", "/logs/k"), ("PUT", "/kv/k")].map(|(method, path)| {
         let url = format!("{victim}{path}?delay_ms=2000");
@@ -396,7 +355,7 @@ async fn a_replica_killed_mid_write_leaves_nothing_applied_and_nothing_locked() 
     // the key. Neither waits for a lock the dead replica held.
     let started = Instant::now();
     assert_eq!(append(&http, &replicas[1], "/logs/k", 2, "after").await.0, 201);
-    let put = write(&http, Method::PUT, format!("{}/kv/k", replicas[2].base), 3, "after").await;
+    let put = write(&http, Method::PUT, format!("{}/kv/k", replicas[2].base()), 3, "after").await;
     assert_eq!(put.unwrap().0, 200);
     let waited = started.elapsed();
     assert!(waited < Duration::from_secs(3), "the keys stayed locked for {waited:?}");
@@ -434,8 +393,8 @@ async fn a_replica_killed_mid_write_leaves_nothing_applied_and_nothing_locked() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_exhausted_pool_is_a_503() {
     let Some(db) = TestDb::create().await else { return };
-    let replicas = Replica::start(&db, 1, &[]);
-    let base = replicas[0].base.clone();
+    let replicas = start_replicas(&db, 1, &[]);
+    let base = replicas[0].base();
     let sql = db.connect().await;
     let since = db_now(&sql).await;
     // The pool's 16 connections, each inside a stalled transaction.

@@ -14,14 +14,13 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{BOUND, TestDb};
 use reqwest::Client;
 use serde_json::Value;
+use test_support::ChildServer;
 
 /// The claim term `serve --shared-marks` runs with (fencing-layer's default).
 const TERM: Duration = Duration::from_secs(5);
@@ -29,58 +28,19 @@ const TERM: Duration = Duration::from_secs(5);
 /// and database scheduling on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(2);
 
-/// A running `demo-resource serve --shared-marks`; SIGKILLed when dropped.
-struct Replica {
-    child: Child,
-    base: String,
-}
+/// A running `demo-resource serve --shared-marks` (test-support's child server,
+/// SIGKILLed when dropped).
+type Replica = ChildServer;
 
-impl Replica {
-    /// Starts two replicas on `db` at once and waits for their `listening on`.
-    fn pair(db: &TestDb) -> (Replica, Replica) {
-        let starting: Vec<_> = (0..2)
-            .map(|_| {
-                let mut child = Command::new(env!("CARGO_BIN_EXE_demo-resource"))
-                    .args(["serve", "--listen", "127.0.0.1:0", "--postgres", &db.url(), "--shared-marks"])
-                    .env("RUST_LOG", "error")
-                    .stdout(Stdio::piped())
-                    .stderr(Stdio::inherit())
-                    .spawn()
-                    .expect("demo-resource starts");
-                let stdout = child.stdout.take().unwrap();
-                let (tx, rx) = mpsc::channel();
-                std::thread::spawn(move || {
-                    let mut line = String::new();
-                    let _ = BufReader::new(stdout).read_line(&mut line);
-                    let _ = tx.send(line);
-                });
-                (child, rx)
-            })
-            .collect();
-        let mut replicas = starting.into_iter().map(|(child, rx)| {
-            let mut replica = Replica { child, base: String::new() };
-            let line = rx.recv_timeout(Duration::from_secs(30)).expect("`listening on` within 30 s");
-            let addr =
-                line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line: {line:?}"));
-            replica.base = format!("http://{addr}");
-            replica
-        });
-        let a = replicas.next().unwrap();
-        (a, replicas.next().unwrap())
-    }
-
-    /// SIGKILL: no shutdown code runs, its connections to PostgreSQL just drop.
-    fn kill_9(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-}
-
-impl Drop for Replica {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// Starts two replicas on `db` at once and waits for their `listening on`.
+fn pair(db: &TestDb) -> (Replica, Replica) {
+    let spawn = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_demo-resource"));
+        command.args(["serve", "--listen", "127.0.0.1:0", "--postgres", &db.url(), "--shared-marks"]);
+        ChildServer::spawn(command.env("RUST_LOG", "error").stderr(Stdio::inherit()))
+    };
+    let (a, b) = (spawn(), spawn());
+    (a.ready(), b.ready())
 }
 
 fn client() -> Client {
@@ -96,7 +56,7 @@ async fn append(
     token: u64,
     body: &str,
 ) -> (u16, Value) {
-    let url = format!("{}{path}{query}", replica.base);
+    let url = format!("{}{path}{query}", replica.base());
     let response = http.post(url).header("Fencing-Token", token).body(body.to_owned()).send().await;
     let response = response.expect("the replica answers");
     let status = response.status().as_u16();
@@ -105,7 +65,7 @@ async fn append(
 
 /// A log's `(token, value)` entries, empty when nothing was appended.
 async fn log(http: &Client, replica: &Replica, path: &str) -> Vec<(u64, String)> {
-    let response = http.get(format!("{}{path}", replica.base)).send().await.unwrap();
+    let response = http.get(format!("{}{path}", replica.base())).send().await.unwrap();
     if response.status() == 404 {
         return Vec::new();
     }
@@ -137,7 +97,7 @@ async fn db_now(db: &tokio_postgres::Client) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_scenario_across_replicas_refuses_the_stale_write() {
     let Some(db) = TestDb::create().await else { return };
-    let (a, b) = Replica::pair(&db);
+    let (a, b) = pair(&db);
     let http = client();
     let path = "/logs/seed";
     assert_eq!(append(&http, &a, path, "", 1, "a1").await.0, 201);
@@ -165,7 +125,7 @@ async fn the_seed_scenario_across_replicas_refuses_the_stale_write() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_request_holds_the_key_until_its_claim_expires() {
     let Some(db) = TestDb::create().await else { return };
-    let (mut a, b) = Replica::pair(&db);
+    let (mut a, b) = pair(&db);
     let http = client();
     let admin = db.connect().await;
     let path = "/logs/killed";
@@ -173,7 +133,7 @@ async fn a_replica_killed_mid_request_holds_the_key_until_its_claim_expires() {
     let since = db_now(&admin).await;
     let held = {
         let http = http.clone();
-        let url = format!("{}{path}?delay_ms=10000", a.base);
+        let url = format!("{}{path}?delay_ms=10000", a.base());
         tokio::spawn(async move { http.post(url).header("Fencing-Token", 1).body("a1-killed").send().await })
     };
     write_inside(&admin, &since).await;
@@ -207,14 +167,14 @@ async fn a_replica_killed_mid_request_holds_the_key_until_its_claim_expires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raise_waits_for_the_other_replicas_write_in_flight() {
     let Some(db) = TestDb::create().await else { return };
-    let (a, b) = Replica::pair(&db);
+    let (a, b) = pair(&db);
     let http = client();
     let admin = db.connect().await;
     let path = "/logs/in-flight";
     let since = db_now(&admin).await;
     let slow = {
         let http = http.clone();
-        let url = format!("{}{path}?delay_ms=1500", a.base);
+        let url = format!("{}{path}?delay_ms=1500", a.base());
         tokio::spawn(async move {
             let response = http.post(url).header("Fencing-Token", 1).body("a1-slow").send().await.unwrap();
             (response.status().as_u16(), Instant::now())

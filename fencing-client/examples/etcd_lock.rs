@@ -11,7 +11,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::State;
 use axum::routing::put;
-use fencing_client::{EtcdLockClient, LockError};
+use fencing_client::{EtcdLockClient, LockBackendExt, LockError};
 use fencing_layer::{FencingLayer, FencingToken};
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

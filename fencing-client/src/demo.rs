@@ -1,6 +1,5 @@
-//! [`LockBackend`] for the workspace's `demo-lock-service`, over HTTP.
+//! [`LockBackend`](crate::LockBackend) for the workspace's `demo-lock-service`, over HTTP.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
@@ -8,28 +7,14 @@ use reqwest::{Response, StatusCode};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::backend::{BoxFuture, Grant, LockBackend, LockError};
-use crate::lease::{Lease, LeaseOptions};
-
-/// The public state of a held lock (`GET /v1/locks/{name}`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LockStatus {
-    /// The lock's name.
-    pub name: String,
-    /// Who holds it.
-    pub holder: String,
-    /// The token of the current grant.
-    pub token: u64,
-    /// Time left on the current lease.
-    pub expires_in: Duration,
-}
+use crate::backend::{Grant, LockError, LockProtocol, LockStatus};
 
 /// An HTTP client of the demo lock service.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), fencing_client::LockError> {
 /// use std::time::Duration;
-/// use fencing_client::DemoLockClient;
+/// use fencing_client::{DemoLockClient, LockBackendExt};
 ///
 /// let client = DemoLockClient::new("http://127.0.0.1:7000")?;
 /// let lease = client.lease("billing", "worker-1", Duration::from_secs(10)).await?;
@@ -48,43 +33,17 @@ impl DemoLockClient {
     /// Proxies are never used; connecting is bounded to 5 s. Each call of the
     /// lease keeper carries its own timeout; direct calls are bounded to 30 s.
     pub fn new(base_url: impl Into<String>) -> Result<Self, LockError> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(30))
-            .build()
-            .map_err(|e| LockError::Transport(e.to_string()))?;
-        Ok(Self::with_client(http, base_url))
+        Ok(Self::with_client(http_client(Duration::from_secs(5), Duration::from_secs(30))?, base_url))
     }
 
     /// A client using a configured `reqwest::Client`.
     pub fn with_client(http: reqwest::Client, base_url: impl Into<String>) -> Self {
-        let mut base = base_url.into();
-        while base.ends_with('/') {
-            base.pop();
-        }
-        DemoLockClient { http, base }
+        DemoLockClient { http, base: without_trailing_slashes(base_url.into()) }
     }
 
     /// The service's base URL.
     pub fn base_url(&self) -> &str {
         &self.base
-    }
-
-    /// Acquires `name` and keeps the lease alive in the background (default options).
-    pub async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease, LockError> {
-        Lease::acquire(Arc::new(self.clone()), name, holder, ttl).await
-    }
-
-    /// Like [`DemoLockClient::lease`], with explicit keeper options.
-    pub async fn lease_with(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        options: LeaseOptions,
-    ) -> Result<Lease, LockError> {
-        Lease::acquire_with(Arc::new(self.clone()), name, holder, ttl, options).await
     }
 
     /// Who holds `name`, or `None` if it is free.
@@ -105,8 +64,10 @@ impl DemoLockClient {
             _ => Err(rejected(r).await),
         }
     }
+}
 
-    async fn do_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
+impl LockProtocol for DemoLockClient {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
         let ttl_ms =
             u64::try_from(ttl.as_millis()).map_err(|_| LockError::InvalidArgument("ttl too long".into()))?;
         let r = self
@@ -146,7 +107,7 @@ impl DemoLockClient {
         }
     }
 
-    async fn do_keepalive(&self, grant: &Grant) -> Result<(), LockError> {
+    async fn keepalive(&self, grant: &Grant) -> Result<(), LockError> {
         let url = format!("{}/v1/leases/{}/keepalive", self.base, segment(&grant.lease_id));
         let r = self.http.post(url).send().await.map_err(transport)?;
         match r.status() {
@@ -165,7 +126,7 @@ impl DemoLockClient {
         }
     }
 
-    async fn do_release(&self, grant: &Grant) -> Result<(), LockError> {
+    async fn release(&self, grant: &Grant) -> Result<(), LockError> {
         let url = format!("{}/v1/leases/{}", self.base, segment(&grant.lease_id));
         let r = self.http.delete(url).send().await.map_err(transport)?;
         match r.status() {
@@ -173,25 +134,6 @@ impl DemoLockClient {
             StatusCode::NOT_FOUND => Err(LockError::LeaseNotFound),
             _ => Err(rejected(r).await),
         }
-    }
-}
-
-impl LockBackend for DemoLockClient {
-    fn acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Grant, LockError>> {
-        Box::pin(self.do_acquire(name, holder, ttl))
-    }
-
-    fn keepalive<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_keepalive(grant))
-    }
-
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_release(grant))
     }
 }
 
@@ -218,6 +160,24 @@ struct StatusBody {
     holder: String,
     token: u64,
     expires_in_ms: u64,
+}
+
+/// The service's HTTP client: never through a proxy, each step bounded.
+pub(crate) fn http_client(connect: Duration, request: Duration) -> Result<reqwest::Client, LockError> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(connect)
+        .timeout(request)
+        .build()
+        .map_err(|e| LockError::Transport(e.to_string()))
+}
+
+/// `base` without trailing slashes, so that paths can be appended as `{base}/v1/…`.
+pub(crate) fn without_trailing_slashes(mut base: String) -> String {
+    while base.ends_with('/') {
+        base.pop();
+    }
+    base
 }
 
 pub(crate) fn segment(s: &str) -> String {

@@ -1,19 +1,16 @@
-//! [`LockBackend`] on etcd v3 (feature `etcd`): a lock key on an etcd lease, whose
+//! [`LockBackend`](crate::LockBackend) on etcd v3 (feature `etcd`): a lock key on an etcd lease, whose
 //! create revision is the fencing token.
 //!
 //! See [`EtcdLockClient`] for how locks, tokens and TTLs map onto etcd.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 
-use crate::backend::{BoxFuture, Grant, LockBackend, LockError};
-use crate::demo::LockStatus;
-use crate::lease::{Lease, LeaseOptions};
+use crate::backend::{Grant, LockError, LockProtocol, LockStatus, check_name_and_holder};
 
 /// etcd-client's error text for a keepalive answered with TTL 0 (the lease is gone).
 const KEEPALIVE_TTL_ZERO: &str = "lease not found";
@@ -46,7 +43,7 @@ pub const DEFAULT_ETCD_PREFIX: &str = "fencing/locks/";
 /// etcd lease TTLs are whole seconds. The requested TTL is rounded **up** to the next
 /// whole second (1500 ms asks for 2 s, 200 ms for 1 s), and etcd may raise it further
 /// to its minimum lease TTL (`ceil(1.5 × election timeout)`: 2 s with etcd's default
-/// 1 s election timeout). [`Grant::ttl`] is what etcd granted. [`Lease`] trusts the
+/// 1 s election timeout). [`Grant::ttl`] is what etcd granted. [`Lease`](crate::Lease) trusts the
 /// smaller of the requested and granted TTL for its local deadline and renews every
 /// third of the requested TTL, so a client never works longer than it asked for; the
 /// cost of rounding up is that after a crash the lock stays taken for the granted TTL.
@@ -54,7 +51,7 @@ pub const DEFAULT_ETCD_PREFIX: &str = "fencing/locks/";
 /// ```no_run
 /// # async fn demo() -> Result<(), fencing_client::LockError> {
 /// use std::time::Duration;
-/// use fencing_client::EtcdLockClient;
+/// use fencing_client::{EtcdLockClient, LockBackendExt};
 ///
 /// let locks = EtcdLockClient::connect(["http://127.0.0.1:2379"]).await?;
 /// let lease = locks.lease("report", "worker-1", Duration::from_secs(10)).await?;
@@ -117,22 +114,6 @@ impl EtcdLockClient {
         &self.client
     }
 
-    /// Acquires `name` and keeps the lease alive in the background (default options).
-    pub async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease, LockError> {
-        Lease::acquire(Arc::new(self.clone()), name, holder, ttl).await
-    }
-
-    /// Like [`EtcdLockClient::lease`], with explicit keeper options.
-    pub async fn lease_with(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        options: LeaseOptions,
-    ) -> Result<Lease, LockError> {
-        Lease::acquire_with(Arc::new(self.clone()), name, holder, ttl, options).await
-    }
-
     /// Who holds `name`, or `None` if it is free. `expires_in` is etcd's remaining
     /// lease TTL, which it reports in whole seconds.
     pub async fn lock_status(&self, name: &str) -> Result<Option<LockStatus>, LockError> {
@@ -161,13 +142,16 @@ impl EtcdLockClient {
         Ok((holder, expires_in))
     }
 
-    async fn do_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
-        if name.is_empty() {
-            return Err(LockError::InvalidArgument("lock name must not be empty".into()));
+    async fn revoke_quietly(&self, lease_id: i64) {
+        if let Err(e) = self.client.clone().lease_revoke(lease_id).await {
+            tracing::debug!(lease = format_args!("{lease_id:x}"), error = %e, "revoking an unused etcd lease failed");
         }
-        if holder.is_empty() {
-            return Err(LockError::InvalidArgument("holder must not be empty".into()));
-        }
+    }
+}
+
+impl LockProtocol for EtcdLockClient {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
+        check_name_and_holder(name, holder)?;
         let ttl_secs = ttl_seconds(ttl)?;
         let mut client = self.client.clone();
         let granted = client.lease_grant(ttl_secs, None).await.map_err(etcd_error)?;
@@ -221,13 +205,7 @@ impl EtcdLockClient {
         }
     }
 
-    async fn revoke_quietly(&self, lease_id: i64) {
-        if let Err(e) = self.client.clone().lease_revoke(lease_id).await {
-            tracing::debug!(lease = format_args!("{lease_id:x}"), error = %e, "revoking an unused etcd lease failed");
-        }
-    }
-
-    async fn do_keepalive(&self, grant: &Grant) -> Result<(), LockError> {
+    async fn keepalive(&self, grant: &Grant) -> Result<(), LockError> {
         let id = parse_lease_id(&grant.lease_id)?;
         let mut client = self.client.clone();
         // Opening the stream sends one keepalive request and reads its one answer;
@@ -255,7 +233,7 @@ impl EtcdLockClient {
         }
     }
 
-    async fn do_release(&self, grant: &Grant) -> Result<(), LockError> {
+    async fn release(&self, grant: &Grant) -> Result<(), LockError> {
         let id = parse_lease_id(&grant.lease_id)?;
         let revision = i64::try_from(grant.token).map_err(|_| {
             LockError::InvalidArgument(format!("token {} is not an etcd revision", grant.token))
@@ -274,25 +252,6 @@ impl EtcdLockClient {
                 other => Err(other),
             },
         }
-    }
-}
-
-impl LockBackend for EtcdLockClient {
-    fn acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Grant, LockError>> {
-        Box::pin(self.do_acquire(name, holder, ttl))
-    }
-
-    fn keepalive<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_keepalive(grant))
-    }
-
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_release(grant))
     }
 }
 

@@ -1,7 +1,8 @@
 //! Client side of fenced leases.
 //!
 //! * [`LockBackend`]: what a lock service must offer (acquire, keepalive, release,
-//!   each returning grant information). [`DemoLockClient`] implements it for the
+//!   each returning grant information); a backend writes only its [`LockProtocol`],
+//!   and [`LockBackendExt`] gives each one `lease`/`lease_with`. [`DemoLockClient`] implements it for the
 //!   workspace's `demo-lock-service` over HTTP; with the `etcd` feature,
 //!   `EtcdLockClient` implements it on etcd v3 (the lock key's create revision is the token);
 //!   with `postgres`, `PgLockClient` on PostgreSQL (a lease table, a durable counter row,
@@ -37,7 +38,7 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use fencing_client::DemoLockClient;
+//! use fencing_client::{DemoLockClient, LockBackendExt};
 //!
 //! let locks = DemoLockClient::new("http://127.0.0.1:7000")?;
 //! let lease = locks.lease("report", "worker-1", Duration::from_secs(10)).await?;
@@ -66,15 +67,15 @@ mod pg_durability;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis_lock;
-mod verify;
+pub mod verify;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;
 
-pub use backend::{BoxFuture, Grant, LockBackend, LockError};
+pub use backend::{BoxFuture, Grant, LockBackend, LockBackendExt, LockError, LockProtocol, LockStatus};
 /// The pool crate the PostgreSQL backend is built on (for `PgLockClient::from_pool`).
 #[cfg(feature = "postgres")]
 pub use deadpool_postgres;
-pub use demo::{DemoLockClient, LockStatus};
+pub use demo::DemoLockClient;
 #[cfg(feature = "etcd")]
 pub use etcd::{DEFAULT_ETCD_PREFIX, EtcdLockClient};
 /// The etcd client crate this backend is built on (for `ConnectOptions`, TLS, ...).

@@ -1,4 +1,4 @@
-//! [`LockBackend`] on PostgreSQL (feature `postgres`): a lease table, a durable token
+//! [`LockBackend`](crate::LockBackend) on PostgreSQL (feature `postgres`): a lease table, a durable token
 //! counter row, and expiry judged on the database's clock.
 //!
 //! See [`PgLockClient`] for the tables, the statements and why the tokens are durable.
@@ -13,9 +13,7 @@ use deadpool_postgres::{HookError, Manager, Pool, PoolError, Runtime};
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use crate::backend::{BoxFuture, Grant, LockBackend, LockError};
-use crate::demo::LockStatus;
-use crate::lease::{Lease, LeaseOptions};
+use crate::backend::{Grant, LockError, LockProtocol, LockStatus, check_name_and_holder};
 use crate::pg_durability;
 
 /// The lease table unless [`PgLockClient::with_table`] says otherwise. The token
@@ -96,7 +94,7 @@ const MAX_IDENTIFIER_BYTES: usize = 63;
 /// ```no_run
 /// # async fn demo() -> Result<(), fencing_client::LockError> {
 /// use std::time::Duration;
-/// use fencing_client::PgLockClient;
+/// use fencing_client::{LockBackendExt, PgLockClient};
 ///
 /// let locks = PgLockClient::connect("postgres://postgres@127.0.0.1:5432/app")?;
 /// locks.migrate().await?;
@@ -286,22 +284,6 @@ impl PgLockClient {
         .await
     }
 
-    /// Acquires `name` and keeps the lease alive in the background (default options).
-    pub async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease, LockError> {
-        Lease::acquire(Arc::new(self.clone()), name, holder, ttl).await
-    }
-
-    /// Like [`PgLockClient::lease`], with explicit keeper options.
-    pub async fn lease_with(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        options: LeaseOptions,
-    ) -> Result<Lease, LockError> {
-        Lease::acquire_with(Arc::new(self.clone()), name, holder, ttl, options).await
-    }
-
     /// Who holds `name`, or `None` if it is free (or its lease has expired).
     /// `expires_in` is judged on the database's clock, rounded up to the millisecond.
     pub async fn lock_status(&self, name: &str) -> Result<Option<LockStatus>, LockError> {
@@ -319,14 +301,11 @@ impl PgLockClient {
         })
         .await
     }
+}
 
-    async fn do_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
-        if name.is_empty() {
-            return Err(LockError::InvalidArgument("lock name must not be empty".into()));
-        }
-        if holder.is_empty() {
-            return Err(LockError::InvalidArgument("holder must not be empty".into()));
-        }
+impl LockProtocol for PgLockClient {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
+        check_name_and_holder(name, holder)?;
         if name.contains('\0') || holder.contains('\0') {
             return Err(LockError::InvalidArgument("lock name and holder must not contain NUL".into()));
         }
@@ -362,41 +341,25 @@ impl PgLockClient {
         Err(LockError::Held { holder: String::new(), expires_in: Duration::ZERO, retry_after: None })
     }
 
-    async fn do_keepalive(&self, grant: &Grant) -> Result<(), LockError> {
-        let token = token_to_db(grant.token)?;
-        let client = self.pool.get().await.map_err(pool_error)?;
-        match client.execute(&self.sql.keepalive, &[&grant.name, &token]).await.map_err(pg_error)? {
-            1 => Ok(()),
-            _ => Err(LockError::LeaseNotFound),
-        }
+    async fn keepalive(&self, grant: &Grant) -> Result<(), LockError> {
+        self.on_own_row(&self.sql.keepalive, grant).await
     }
 
-    async fn do_release(&self, grant: &Grant) -> Result<(), LockError> {
-        let token = token_to_db(grant.token)?;
-        let client = self.pool.get().await.map_err(pool_error)?;
-        match client.execute(&self.sql.release, &[&grant.name, &token]).await.map_err(pg_error)? {
-            1 => Ok(()),
-            _ => Err(LockError::LeaseNotFound),
-        }
+    async fn release(&self, grant: &Grant) -> Result<(), LockError> {
+        self.on_own_row(&self.sql.release, grant).await
     }
 }
 
-impl LockBackend for PgLockClient {
-    fn acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Grant, LockError>> {
-        Box::pin(self.do_acquire(name, holder, ttl))
-    }
-
-    fn keepalive<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_keepalive(grant))
-    }
-
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_release(grant))
+impl PgLockClient {
+    /// Runs `sql` ($1 name, $2 token) on `grant`'s row: one row touched, or the
+    /// lease is not ours (anymore).
+    async fn on_own_row(&self, sql: &str, grant: &Grant) -> Result<(), LockError> {
+        let token = token_to_db(grant.token)?;
+        let client = self.pool.get().await.map_err(pool_error)?;
+        match client.execute(sql, &[&grant.name, &token]).await.map_err(pg_error)? {
+            1 => Ok(()),
+            _ => Err(LockError::LeaseNotFound),
+        }
     }
 }
 

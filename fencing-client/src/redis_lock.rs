@@ -1,4 +1,4 @@
-//! [`LockBackend`] on Redis (feature `redis`): `SET … PX` and `INCR` of a per-lock
+//! [`LockBackend`](crate::LockBackend) on Redis (feature `redis`): `SET … PX` and `INCR` of a per-lock
 //! token counter in one Lua script, compare-and-set scripts for keepalive and release,
 //! and a refusal of servers that would lose the counter in a crash.
 //!
@@ -14,9 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script};
 
-use crate::backend::{BoxFuture, Grant, LockBackend, LockError};
-use crate::demo::LockStatus;
-use crate::lease::{Lease, LeaseOptions};
+use crate::backend::{Grant, LockError, LockProtocol, LockStatus, check_name_and_holder};
 
 /// The key prefix unless [`RedisLockClientBuilder::prefix`] says otherwise.
 pub const DEFAULT_REDIS_PREFIX: &str = "fencing:";
@@ -107,7 +105,7 @@ return {value, redis.call('PTTL', KEYS[1])}
 /// ```no_run
 /// # async fn demo() -> Result<(), fencing_client::LockError> {
 /// use std::time::Duration;
-/// use fencing_client::RedisLockClient;
+/// use fencing_client::{LockBackendExt, RedisLockClient};
 ///
 /// let locks = RedisLockClient::connect("redis://127.0.0.1:6380").await?;
 /// let lease = locks.lease("report", "worker-1", Duration::from_secs(10)).await?;
@@ -264,22 +262,6 @@ impl RedisLockClient {
         &self.connection
     }
 
-    /// Acquires `name` and keeps the lease alive in the background (default options).
-    pub async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease, LockError> {
-        Lease::acquire(Arc::new(self.clone()), name, holder, ttl).await
-    }
-
-    /// Like [`RedisLockClient::lease`], with explicit keeper options.
-    pub async fn lease_with(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        options: LeaseOptions,
-    ) -> Result<Lease, LockError> {
-        Lease::acquire_with(Arc::new(self.clone()), name, holder, ttl, options).await
-    }
-
     /// Who holds `name`, or `None` if it is free. `expires_in` is the key's `PTTL`.
     pub async fn lock_status(&self, name: &str) -> Result<Option<LockStatus>, LockError> {
         let mut connection = self.connection.clone();
@@ -301,14 +283,11 @@ impl RedisLockClient {
         };
         Ok(Some(LockStatus { name: name.to_owned(), holder, token, expires_in: pttl_duration(pttl) }))
     }
+}
 
-    async fn do_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
-        if name.is_empty() {
-            return Err(LockError::InvalidArgument("lock name must not be empty".into()));
-        }
-        if holder.is_empty() {
-            return Err(LockError::InvalidArgument("holder must not be empty".into()));
-        }
+impl LockProtocol for RedisLockClient {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
+        check_name_and_holder(name, holder)?;
         let ttl_ms = ttl_millis(ttl)?;
         let lease_id = new_lease_id();
         let mut connection = self.connection.clone();
@@ -345,51 +324,27 @@ impl RedisLockClient {
         })
     }
 
-    async fn do_keepalive(&self, grant: &Grant) -> Result<(), LockError> {
+    async fn keepalive(&self, grant: &Grant) -> Result<(), LockError> {
         let ttl_ms = ttl_millis(grant.ttl)?;
-        let mut connection = self.connection.clone();
-        let renewed: i64 = self
-            .scripts
-            .keepalive
-            .key(self.lock_key(&grant.name))
-            .arg(stored_value(grant))
-            .arg(ttl_ms)
-            .invoke_async(&mut connection)
-            .await
-            .map_err(redis_error)?;
-        if renewed == 1 { Ok(()) } else { Err(LockError::LeaseNotFound) }
+        let mut call = self.scripts.keepalive.key(self.lock_key(&grant.name));
+        call.arg(stored_value(grant)).arg(ttl_ms);
+        self.on_own_key(&call).await
     }
 
-    async fn do_release(&self, grant: &Grant) -> Result<(), LockError> {
-        let mut connection = self.connection.clone();
-        let deleted: i64 = self
-            .scripts
-            .release
-            .key(self.lock_key(&grant.name))
-            .arg(stored_value(grant))
-            .invoke_async(&mut connection)
-            .await
-            .map_err(redis_error)?;
-        if deleted == 1 { Ok(()) } else { Err(LockError::LeaseNotFound) }
+    async fn release(&self, grant: &Grant) -> Result<(), LockError> {
+        let mut call = self.scripts.release.key(self.lock_key(&grant.name));
+        call.arg(stored_value(grant));
+        self.on_own_key(&call).await
     }
 }
 
-impl LockBackend for RedisLockClient {
-    fn acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Grant, LockError>> {
-        Box::pin(self.do_acquire(name, holder, ttl))
-    }
-
-    fn keepalive<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_keepalive(grant))
-    }
-
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_release(grant))
+impl RedisLockClient {
+    /// Runs a script on a grant's lock key that answers 1 when the key still
+    /// holds the grant's value (and acted), else 0: the lease is not ours (anymore).
+    async fn on_own_key(&self, call: &redis::ScriptInvocation<'_>) -> Result<(), LockError> {
+        let mut connection = self.connection.clone();
+        let done: i64 = call.invoke_async(&mut connection).await.map_err(redis_error)?;
+        if done == 1 { Ok(()) } else { Err(LockError::LeaseNotFound) }
     }
 }
 

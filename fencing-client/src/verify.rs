@@ -14,11 +14,15 @@
 //! time, and a holder whose grant is still being written is not refused for long.
 //! A cached answer may be up to the cache TTL old: within it a holder whose lease
 //! has just lapsed can still raise a key no newer holder has written yet (which
-//! plain fencing allows anyway). [`DemoLockVerifier::cache`] with a zero TTL asks
+//! plain fencing allows anyway). [`CachedVerifier::cache`] with a zero TTL asks
 //! every time.
+//!
+//! [`CachedVerifier`] holds the mapping and the cache once, over a backend's
+//! [`LiveGrantCheck`]; [`DemoLockVerifier`] and `EtcdVerifier` are two of them.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -109,31 +113,93 @@ impl AnswerCache {
     }
 }
 
-/// What the verifiers share: the key → lock mapping and the cache.
+/// Asks a lock backend whether `token` is `lock`'s live grant: what a
+/// [`CachedVerifier`] needs from a backend, and all it needs.
+pub trait LiveGrantCheck: Clone + Send + Sync + 'static {
+    /// `Ok` if `token` is `lock`'s live grant; [`VerifyError::Refused`] if it is
+    /// not, [`VerifyError::Unavailable`] if the backend cannot tell.
+    fn check(&self, lock: &str, token: u64) -> impl Future<Output = Result<(), VerifyError>> + Send;
+}
+
+/// A [`TokenVerifier`] over any [`LiveGrantCheck`]: maps the raised key to its
+/// lock, answers from the cache of positive answers when it can, and asks the
+/// backend otherwise (caching a yes, never a no).
+///
+/// [`DemoLockVerifier`] and (feature `etcd`) `EtcdVerifier` are this over their
+/// backend's check; another backend needs only its [`LiveGrantCheck`].
 #[derive(Clone)]
-struct Common {
+pub struct CachedVerifier<C> {
+    check: C,
     lock_for_key: LockForKey,
     cache: Arc<AnswerCache>,
 }
 
-impl Common {
-    fn new() -> Self {
+impl<C: fmt::Debug> fmt::Debug for CachedVerifier<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachedVerifier").field("check", &self.check).finish_non_exhaustive()
+    }
+}
+
+impl<C> CachedVerifier<C> {
+    /// A verifier asking `check`, for locks named as the keys they guard, with
+    /// the default cache.
+    pub fn over(check: C) -> Self {
         Self {
+            check,
             lock_for_key: identity(),
             cache: Arc::new(AnswerCache::new(DEFAULT_CACHE_CAPACITY, DEFAULT_CACHE_TTL)),
         }
     }
 
-    /// The lock of `raise`'s key and its token, or the immediate answer (no lock
-    /// guards the key: refused; a fresh positive answer: valid).
-    fn prepare(&self, raise: &Raise<'_>) -> Result<(String, u64), Verification> {
+    /// Maps a resource key to the lock whose holder may write it (by default the
+    /// key itself); `None` (no lock guards this key) refuses every raise of it.
+    #[must_use]
+    pub fn lock_for_key(mut self, f: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.lock_for_key = Arc::new(f);
+        self
+    }
+
+    /// Keeps at most `capacity` positive answers, each for `ttl` (zero for either:
+    /// no cache). The default is [`DEFAULT_CACHE_CAPACITY`] for [`DEFAULT_CACHE_TTL`].
+    #[must_use]
+    pub fn cache(mut self, capacity: usize, ttl: Duration) -> Self {
+        self.cache = Arc::new(AnswerCache::new(capacity, ttl));
+        self
+    }
+
+    /// Positive answers in the cache (expired ones not yet dropped included).
+    pub fn cached_answers(&self) -> usize {
+        self.cache.len()
+    }
+}
+
+impl<C: LiveGrantCheck> CachedVerifier<C> {
+    /// Asks the backend whether `token` is `lock`'s live grant (no cache).
+    ///
+    /// # Errors
+    ///
+    /// [`VerifyError::Refused`] if it is not, [`VerifyError::Unavailable`] if the
+    /// backend cannot tell.
+    pub async fn check(&self, lock: &str, token: u64) -> Result<(), VerifyError> {
+        self.check.check(lock, token).await
+    }
+}
+
+impl<C: LiveGrantCheck> TokenVerifier for CachedVerifier<C> {
+    fn verify(&self, raise: &Raise<'_>) -> Verification {
         let Some(lock) = (self.lock_for_key)(raise.key()) else {
-            return Err(Verification::refused(format!("no lock guards {}", raise.key())));
+            return Verification::refused(format!("no lock guards {}", raise.key()));
         };
-        if self.cache.is_fresh(&lock, raise.token()) {
-            return Err(Verification::valid());
+        let token = raise.token();
+        if self.cache.is_fresh(&lock, token) {
+            return Verification::valid();
         }
-        Ok((lock, raise.token()))
+        let (check, cache) = (self.check.clone(), Arc::clone(&self.cache));
+        Verification::later(async move {
+            check.check(&lock, token).await?;
+            cache.insert(lock, token);
+            Ok(())
+        })
     }
 }
 
@@ -147,7 +213,7 @@ fn unavailable(what: &str, e: impl fmt::Display) -> VerifyError {
 
 /// A [`TokenVerifier`] that asks the demo lock service
 /// (`GET /v1/locks/{lock}/tokens/{token}`) whether a raising token is the lock's
-/// live grant.
+/// live grant: a [`CachedVerifier`] over [`DemoLockCheck`].
 ///
 /// Valid: the raise goes ahead. Not the live grant (a forged token, a lapsed or
 /// released lease, a lock never held) or a lock name the service rejects:
@@ -167,16 +233,18 @@ fn unavailable(what: &str, e: impl fmt::Display) -> VerifyError {
 /// # let _ = layer;
 /// # Ok(()) }
 /// ```
+pub type DemoLockVerifier = CachedVerifier<DemoLockCheck>;
+
+/// The demo lock service's answer to "is this the live grant?".
 #[derive(Clone)]
-pub struct DemoLockVerifier {
+pub struct DemoLockCheck {
     http: reqwest::Client,
     base: Arc<str>,
-    common: Common,
 }
 
-impl fmt::Debug for DemoLockVerifier {
+impl fmt::Debug for DemoLockCheck {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DemoLockVerifier").field("base", &self.base).finish_non_exhaustive()
+        f.debug_struct("DemoLockCheck").field("base", &self.base).finish_non_exhaustive()
     }
 }
 
@@ -184,52 +252,21 @@ impl DemoLockVerifier {
     /// Asks the service at `base_url` (e.g. `http://127.0.0.1:7000`). Proxies are
     /// never used; connecting is bounded to 1 s and each check to 2 s.
     pub fn new(base_url: impl Into<String>) -> Result<Self, LockError> {
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(Duration::from_secs(2))
-            .build()
-            .map_err(|e| LockError::Transport(e.to_string()))?;
-        Ok(Self::with_client(http, base_url))
+        Ok(Self::with_client(
+            crate::demo::http_client(Duration::from_secs(1), Duration::from_secs(2))?,
+            base_url,
+        ))
     }
 
     /// Asks through a configured `reqwest::Client` (set its timeout).
     pub fn with_client(http: reqwest::Client, base_url: impl Into<String>) -> Self {
-        let mut base = base_url.into();
-        while base.ends_with('/') {
-            base.pop();
-        }
-        Self { http, base: base.into(), common: Common::new() }
+        let base = crate::demo::without_trailing_slashes(base_url.into());
+        Self::over(DemoLockCheck { http, base: base.into() })
     }
+}
 
-    /// Maps a resource key to the lock whose holder may write it (by default the
-    /// key itself); `None` (no lock guards this key) refuses every raise of it.
-    #[must_use]
-    pub fn lock_for_key(mut self, f: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
-        self.common.lock_for_key = Arc::new(f);
-        self
-    }
-
-    /// Keeps at most `capacity` positive answers, each for `ttl` (zero for either:
-    /// no cache). The default is [`DEFAULT_CACHE_CAPACITY`] for [`DEFAULT_CACHE_TTL`].
-    #[must_use]
-    pub fn cache(mut self, capacity: usize, ttl: Duration) -> Self {
-        self.common.cache = Arc::new(AnswerCache::new(capacity, ttl));
-        self
-    }
-
-    /// Positive answers in the cache (expired ones not yet dropped included).
-    pub fn cached_answers(&self) -> usize {
-        self.common.cache.len()
-    }
-
-    /// Asks the lock service whether `token` is `lock`'s live grant (no cache).
-    ///
-    /// # Errors
-    ///
-    /// [`VerifyError::Refused`] if it is not (or the service rejects the lock
-    /// name), [`VerifyError::Unavailable`] if the service cannot tell.
-    pub async fn check(&self, lock: &str, token: u64) -> Result<(), VerifyError> {
+impl LiveGrantCheck for DemoLockCheck {
+    async fn check(&self, lock: &str, token: u64) -> Result<(), VerifyError> {
         let url = format!("{}/v1/locks/{}/tokens/{token}", self.base, crate::demo::segment(lock));
         let what = "the lock service cannot check the token";
         let response = self.http.get(url).send().await.map_err(|e| unavailable(what, e))?;
@@ -263,21 +300,6 @@ impl DemoLockVerifier {
     }
 }
 
-impl TokenVerifier for DemoLockVerifier {
-    fn verify(&self, raise: &Raise<'_>) -> Verification {
-        let (lock, token) = match self.common.prepare(raise) {
-            Ok(asked) => asked,
-            Err(answer) => return answer,
-        };
-        let this = self.clone();
-        Verification::later(async move {
-            this.check(&lock, token).await?;
-            this.common.cache.insert(lock, token);
-            Ok(())
-        })
-    }
-}
-
 #[derive(Deserialize)]
 struct CheckBody {
     lock: String,
@@ -295,7 +317,7 @@ fn problem_detail(bytes: &[u8]) -> String {
 }
 
 #[cfg(feature = "etcd")]
-pub use etcd::EtcdVerifier;
+pub use etcd::{EtcdCheck, EtcdVerifier};
 
 #[cfg(feature = "etcd")]
 mod etcd {
@@ -308,7 +330,8 @@ mod etcd {
     /// lock is held; a key deleted and created again has a new create revision.
     ///
     /// Missing key or another revision: refused (403). etcd unreachable or failing:
-    /// 503. The same cache of positive answers as [`DemoLockVerifier`].
+    /// 503. A [`CachedVerifier`] over [`EtcdCheck`], so the same cache of positive
+    /// answers as [`DemoLockVerifier`].
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), fencing_client::LockError> {
@@ -320,23 +343,25 @@ mod etcd {
     /// # let _ = verifier;
     /// # Ok(()) }
     /// ```
+    pub type EtcdVerifier = CachedVerifier<EtcdCheck>;
+
+    /// etcd's answer to "is this the live grant?": the lock key's create revision.
     #[derive(Clone)]
-    pub struct EtcdVerifier {
+    pub struct EtcdCheck {
         client: etcd_client::Client,
         prefix: Arc<str>,
-        common: Common,
     }
 
-    impl fmt::Debug for EtcdVerifier {
+    impl fmt::Debug for EtcdCheck {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.debug_struct("EtcdVerifier").field("prefix", &self.prefix).finish_non_exhaustive()
+            f.debug_struct("EtcdCheck").field("prefix", &self.prefix).finish_non_exhaustive()
         }
     }
 
     impl EtcdVerifier {
         /// Asks etcd through `client`, for lock keys under [`crate::DEFAULT_ETCD_PREFIX`].
         pub fn new(client: etcd_client::Client) -> Self {
-            Self { client, prefix: crate::DEFAULT_ETCD_PREFIX.into(), common: Common::new() }
+            Self::over(EtcdCheck { client, prefix: crate::DEFAULT_ETCD_PREFIX.into() })
         }
 
         /// Asks the etcd that `locks` uses, for its lock keys (same connection and prefix).
@@ -348,38 +373,13 @@ mod etcd {
         /// Lock keys are under `prefix` (as [`crate::EtcdLockClient::with_prefix`]).
         #[must_use]
         pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
-            self.prefix = prefix.into().into();
+            self.check.prefix = prefix.into().into();
             self
         }
+    }
 
-        /// Maps a resource key to the lock whose holder may write it (by default
-        /// the key itself); `None` refuses every raise of it.
-        #[must_use]
-        pub fn lock_for_key(mut self, f: impl Fn(&str) -> Option<String> + Send + Sync + 'static) -> Self {
-            self.common.lock_for_key = Arc::new(f);
-            self
-        }
-
-        /// Keeps at most `capacity` positive answers, each for `ttl` (zero for
-        /// either: no cache).
-        #[must_use]
-        pub fn cache(mut self, capacity: usize, ttl: Duration) -> Self {
-            self.common.cache = Arc::new(AnswerCache::new(capacity, ttl));
-            self
-        }
-
-        /// Positive answers in the cache (expired ones not yet dropped included).
-        pub fn cached_answers(&self) -> usize {
-            self.common.cache.len()
-        }
-
-        /// Asks etcd whether `token` is `lock`'s live grant (no cache).
-        ///
-        /// # Errors
-        ///
-        /// [`VerifyError::Refused`] if it is not, [`VerifyError::Unavailable`] if
-        /// etcd cannot be asked.
-        pub async fn check(&self, lock: &str, token: u64) -> Result<(), VerifyError> {
+    impl LiveGrantCheck for EtcdCheck {
+        async fn check(&self, lock: &str, token: u64) -> Result<(), VerifyError> {
             let key = format!("{}{lock}", self.prefix);
             let mut client = self.client.clone();
             let response =
@@ -389,21 +389,6 @@ mod etcd {
                 Some(kv) if u64::try_from(kv.create_revision()).ok() == Some(token) => Ok(()),
                 Some(_) => Err(refused_not_live(lock, token, "the lock is held under another token")),
             }
-        }
-    }
-
-    impl TokenVerifier for EtcdVerifier {
-        fn verify(&self, raise: &Raise<'_>) -> Verification {
-            let (lock, token) = match self.common.prepare(raise) {
-                Ok(asked) => asked,
-                Err(answer) => return answer,
-            };
-            let this = self.clone();
-            Verification::later(async move {
-                this.check(&lock, token).await?;
-                this.common.cache.insert(lock, token);
-                Ok(())
-            })
         }
     }
 }

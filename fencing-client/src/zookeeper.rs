@@ -1,4 +1,4 @@
-//! [`LockBackend`] on ZooKeeper (feature `zookeeper`): one ephemeral lock znode per
+//! [`LockBackend`](crate::LockBackend) on ZooKeeper (feature `zookeeper`): one ephemeral lock znode per
 //! lock, on a session of its own per grant; the token is the znode's creation zxid.
 //!
 //! See [`ZkLockClient`].
@@ -11,9 +11,7 @@ use std::time::Duration;
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use zookeeper_client as zk;
 
-use crate::backend::{BoxFuture, Grant, LockBackend, LockError};
-use crate::demo::LockStatus;
-use crate::lease::{Lease, LeaseOptions};
+use crate::backend::{Grant, LockError, LockProtocol, LockStatus, check_name_and_holder};
 
 /// The znode lock znodes live under unless [`ZkLockClient::with_prefix`] says otherwise.
 pub const DEFAULT_ZK_PREFIX: &str = "/fencing/locks";
@@ -65,7 +63,7 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_');
 ///
 /// The server clamps a session timeout to `[minSessionTimeout, maxSessionTimeout]`,
 /// by default 2 and 20 ticks (4 s and 40 s with the default 2 s `tickTime`).
-/// [`Grant::ttl`] is the negotiated timeout; [`Lease`] trusts the smaller of it and the
+/// [`Grant::ttl`] is the negotiated timeout; [`Lease`](crate::Lease) trusts the smaller of it and the
 /// requested TTL. Expiry is judged by the server (sessions expire on tick boundaries,
 /// never before their timeout); no client clock matters. ZooKeeper does not tell
 /// others when a session will expire: [`LockError::Held`] and [`LockStatus`] report
@@ -74,7 +72,7 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_');
 /// ```no_run
 /// # async fn demo() -> Result<(), fencing_client::LockError> {
 /// use std::time::Duration;
-/// use fencing_client::ZkLockClient;
+/// use fencing_client::{LockBackendExt, ZkLockClient};
 ///
 /// let locks = ZkLockClient::connect("127.0.0.1:2181").await?;
 /// let lease = locks.lease("report", "worker-1", Duration::from_secs(10)).await?;
@@ -158,22 +156,6 @@ impl ZkLockClient {
         &self.reader
     }
 
-    /// Acquires `name` and keeps the lease alive in the background (default options).
-    pub async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease, LockError> {
-        Lease::acquire(Arc::new(self.clone()), name, holder, ttl).await
-    }
-
-    /// Like [`ZkLockClient::lease`], with explicit keeper options.
-    pub async fn lease_with(
-        &self,
-        name: &str,
-        holder: &str,
-        ttl: Duration,
-        options: LeaseOptions,
-    ) -> Result<Lease, LockError> {
-        Lease::acquire_with(Arc::new(self.clone()), name, holder, ttl, options).await
-    }
-
     /// Who holds `name` (from the znode's data), or `None` if it is free. `expires_in`
     /// is zero: ZooKeeper does not say when another session will expire.
     pub async fn lock_status(&self, name: &str) -> Result<Option<LockStatus>, LockError> {
@@ -224,33 +206,6 @@ impl ZkLockClient {
         if closed.await.is_err() {
             tracing::debug!("closing a ZooKeeper session was not confirmed in time");
         }
-    }
-
-    async fn do_acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
-        if name.is_empty() {
-            return Err(LockError::InvalidArgument("lock name must not be empty".into()));
-        }
-        if holder.is_empty() {
-            return Err(LockError::InvalidArgument("holder must not be empty".into()));
-        }
-        if ttl.is_zero() || ttl > Duration::from_secs(24 * 3600) {
-            return Err(LockError::InvalidArgument(format!(
-                "ttl {ttl:?} must be positive and at most a day"
-            )));
-        }
-        let path = self.lock_path(name);
-        // The holder's znode can go (released, or its session expired) between our
-        // create and the look at who holds it; then the lock is free, and worth
-        // trying again (a few times: each retry means another holder left meanwhile).
-        for _ in 0..3 {
-            match self.attempt(&path, name, holder, ttl).await? {
-                Attempt::Granted(grant) => return Ok(grant),
-                Attempt::Held(held) => return Err(held),
-                Attempt::Vanished => {}
-            }
-        }
-        // Held at each attempt and free at each look: held, by nobody known.
-        Err(LockError::Held { holder: String::new(), expires_in: Duration::ZERO, retry_after: None })
     }
 
     /// One try at creating the lock's znode in a new session.
@@ -350,8 +305,32 @@ impl ZkLockClient {
             s.ephemeral_owner == client.session_id().0 && token_of(&s).ok() == Some(grant.token)
         }))
     }
+}
 
-    async fn do_keepalive(&self, grant: &Grant) -> Result<(), LockError> {
+impl LockProtocol for ZkLockClient {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
+        check_name_and_holder(name, holder)?;
+        if ttl.is_zero() || ttl > Duration::from_secs(24 * 3600) {
+            return Err(LockError::InvalidArgument(format!(
+                "ttl {ttl:?} must be positive and at most a day"
+            )));
+        }
+        let path = self.lock_path(name);
+        // The holder's znode can go (released, or its session expired) between our
+        // create and the look at who holds it; then the lock is free, and worth
+        // trying again (a few times: each retry means another holder left meanwhile).
+        for _ in 0..3 {
+            match self.attempt(&path, name, holder, ttl).await? {
+                Attempt::Granted(grant) => return Ok(grant),
+                Attempt::Held(held) => return Err(held),
+                Attempt::Vanished => {}
+            }
+        }
+        // Held at each attempt and free at each look: held, by nobody known.
+        Err(LockError::Held { holder: String::new(), expires_in: Duration::ZERO, retry_after: None })
+    }
+
+    async fn keepalive(&self, grant: &Grant) -> Result<(), LockError> {
         let found = self.sessions().get(&grant.lease_id).cloned();
         let Some(info) = found else {
             return Err(LockError::LeaseNotFound);
@@ -384,7 +363,7 @@ impl ZkLockClient {
         result
     }
 
-    async fn do_release(&self, grant: &Grant) -> Result<(), LockError> {
+    async fn release(&self, grant: &Grant) -> Result<(), LockError> {
         let removed = self.sessions().remove(&grant.lease_id);
         let Some(info) = removed else {
             return Err(LockError::LeaseNotFound);
@@ -397,25 +376,6 @@ impl ZkLockClient {
             true => Ok(()),
             false => Err(LockError::LeaseNotFound),
         }
-    }
-}
-
-impl LockBackend for ZkLockClient {
-    fn acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Grant, LockError>> {
-        Box::pin(self.do_acquire(name, holder, ttl))
-    }
-
-    fn keepalive<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_keepalive(grant))
-    }
-
-    fn release<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(self.do_release(grant))
     }
 }
 

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{BOUND, TestDb, lock_waiters, mark};
+use common::{BOUND, TestDb, TestDbExt, lock_waiters, mark};
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
 use tokio::time::timeout;
 use tokio_postgres::Client;

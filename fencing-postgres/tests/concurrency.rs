@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{BOUND, Rng, TestDb, lock_waiters};
+use common::{BOUND, Rng, TestDb, TestDbExt, lock_waiters};
 use deadpool_postgres::Pool;
 use fencing_postgres::{FenceError, Fenced, PgFence, PoolLimits};
 use tokio::task::JoinSet;

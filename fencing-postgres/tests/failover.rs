@@ -28,7 +28,7 @@ use common::own_pg::OwnPg;
 use common::replicas::{Probe, Replica};
 use common::{BOUND, TestDb, connect_to, mark};
 use deadpool_postgres::Pool;
-use fencing_client::{LockError, PgLockClient};
+use fencing_client::{LockBackendExt, LockError, PgLockClient};
 use fencing_layer::FencingLayer;
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
 use tokio::time::Instant;

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{TestDb, mark};
+use common::{TestDb, TestDbExt, mark};
 use fencing_postgres::{FenceError, Fenced, MAX_KEY_BYTES, PgFence, PoolLimits};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;

@@ -14,7 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::{Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::put;
-use common::TestDb;
+use common::{TestDb, TestDbExt};
 use deadpool_postgres::Pool;
 use fencing_layer::{FencingLayer, FencingToken, ProblemJson, Rejection};
 use fencing_postgres::{FenceError, PgFence, PoolLimits};

@@ -1,95 +1,12 @@
 //! Throwaway databases on the local PostgreSQL (127.0.0.1:5432, user postgres,
-//! trust auth): one per test, dropped when the test ends, panics included.
-//! The pattern of fencing-postgres/tests/common.
+//! trust auth): one per test, dropped when the test ends, panics included; and
+//! the stalling proxy. Both are test-support's, shared with the other crates.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
-use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+pub use test_support::{BOUND, TestDb};
 
-use tokio_postgres::{Client, Config, NoTls};
-
-pub mod stall;
-
-const SERVER: &str = "host=127.0.0.1 port=5432 user=postgres connect_timeout=3";
-
-/// Every await on the database in a test is bounded by this.
-pub const BOUND: Duration = Duration::from_secs(20);
-
-/// A database of its own for one test; dropped (connections and all) on drop.
-pub struct TestDb {
-    name: String,
-}
-
-impl TestDb {
-    /// A fresh, empty database. `None` after a loud SKIPPED line when
-    /// PostgreSQL is not reachable, unless `CI=true`: then the test fails.
-    pub async fn create() -> Option<TestDb> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let admin = match connect(&admin_config()).await {
-            Ok(client) => client,
-            Err(error) => {
-                let message = format!("PostgreSQL not reachable at 127.0.0.1:5432 as postgres: {error}");
-                assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true and {message}");
-                // Straight to stderr: the test harness captures `eprintln!` of passing tests.
-                let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {message} ***\n");
-                return None;
-            }
-        };
-        let name = format!("fencing_test_dr_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        // A leftover of an earlier run with the same pid goes first.
-        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.unwrap();
-        admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
-        Some(TestDb { name })
-    }
-
-    /// The database as a `--postgres` URL.
-    pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:5432/{}?connect_timeout=3", self.name)
-    }
-
-    /// The database as a `--postgres` URL through 127.0.0.1:`port` (a proxy's).
-    pub fn url_via(&self, port: u16) -> String {
-        format!("postgres://postgres@127.0.0.1:{port}/{}?connect_timeout=3", self.name)
-    }
-
-    /// A new connection to this database, its connection task spawned.
-    pub async fn connect(&self) -> Client {
-        let mut config = admin_config();
-        config.dbname(&self.name);
-        connect(&config).await.unwrap()
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        // Drop cannot await, and may run inside the test's runtime: a thread
-        // with a runtime of its own does the work.
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        let dropped = std::thread::spawn(move || -> Result<(), String> {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-            runtime.map_err(|e| e.to_string())?.block_on(async {
-                let admin = connect(&admin_config()).await.map_err(|e| e.to_string())?;
-                let dropped = tokio::time::timeout(BOUND, admin.batch_execute(&sql)).await;
-                dropped.map_err(|_| "timed out".to_owned())?.map_err(|e| e.to_string())
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop test database {}: {dropped:?}", self.name);
-        }
-    }
-}
-
-fn admin_config() -> Config {
-    let mut config: Config = SERVER.parse().unwrap();
-    config.dbname("postgres");
-    config
-}
-
-async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
-    tokio::spawn(connection);
-    Ok(client)
+/// The proxy that can stall and sever (test-support's).
+pub mod stall {
+    pub use test_support::StallProxy;
 }

@@ -4,22 +4,16 @@
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use test_support::ChildServer;
 
-/// `None` after a loud SKIPPED line, unless `CI=true`: then the test fails.
-pub fn skip<T>(what: &str) -> Option<T> {
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true and {what}: these tests must run in CI");
-    // Straight to stderr: the harness captures `eprintln!` of passing tests.
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {what} ***\n");
-    None
-}
+pub use test_support::skip;
 
 /// `name` on the `PATH`, or `None` after SKIPPED.
 pub fn tool(name: &str) -> Option<PathBuf> {
@@ -56,40 +50,19 @@ pub fn promtool(promtool: &Path, args: &[&str], stdin: &str) {
 }
 
 /// A running `demo-resource serve` (its own flags after `serve --listen 127.0.0.1:0`);
-/// killed when dropped.
+/// test-support's child server, killed when dropped.
 pub struct Demo {
-    child: Child,
+    _server: ChildServer,
     /// `127.0.0.1:port`.
     pub addr: SocketAddr,
 }
 
 impl Demo {
     pub fn start(bin: &str, args: &[&str]) -> Self {
-        let mut child = Command::new(bin)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("the demo starts");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
-            let _ = tx.send(line);
-        });
-        let line = rx.recv_timeout(Duration::from_secs(30)).expect("`listening on` within 30 s");
-        let addr =
-            line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line: {line:?}"));
-        Self { addr: addr.parse().unwrap(), child }
-    }
-}
-
-impl Drop for Demo {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let mut command = Command::new(bin);
+        command.args(args).env("RUST_LOG", "warn");
+        let server = ChildServer::start(command.stderr(Stdio::null()));
+        Self { addr: server.addr().parse().unwrap(), _server: server }
     }
 }
 

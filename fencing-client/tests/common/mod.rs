@@ -1,12 +1,12 @@
-//! What the backend tests share: a real fenced resource, a loopback TCP proxy that
-//! can stop answering, and the loud skip when a server is not installed.
+//! What the backend tests share beyond test-support: a real fenced resource and
+//! a wait for a lease's cancellation. `tests/it` includes it as `common`; a test
+//! file of its own can too (`mod common;`), and finds test-support's skip, free
+//! port and proxy here as before.
 
 #![allow(dead_code, unreachable_pub)]
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,22 +14,12 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::put;
 use fencing_layer::{FencingLayer, FencingToken};
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// `None` after a loud SKIPPED line, unless `CI=true`: then the test fails.
-pub fn skip<T>(what: &str) -> Option<T> {
-    assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true and {what}: these tests must run in CI");
-    // Straight to stderr: the harness captures `eprintln!` of passing tests.
-    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {what} ***\n");
-    None
-}
+#[allow(unused_imports)]
+pub use test_support::{Proxy, free_port, skip};
 
-/// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
+/// What the fenced resource stores: name → (body, the token that wrote it).
 pub type Docs = Arc<Mutex<HashMap<String, (String, u64)>>>;
 
 /// `PUT /docs/{name}` stores the body with the token that wrote it; the layer rejects
@@ -68,52 +58,18 @@ pub async fn cancelled_at(lease: &fencing_client::Lease, limit: Duration) -> Ins
     Instant::now()
 }
 
-/// A loopback TCP proxy that forwards to `upstream` until `blackhole()`: then it cuts
-/// every open connection and accepts new ones without ever answering.
-pub struct Proxy {
-    pub addr: SocketAddr,
-    forwarding: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    accept: JoinHandle<()>,
-}
-
-impl Proxy {
-    pub async fn start(upstream: SocketAddr) -> Proxy {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let forwarding = Arc::new(AtomicBool::new(true));
-        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let (f, c) = (forwarding.clone(), conns.clone());
-        let accept = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                if f.load(Ordering::SeqCst) {
-                    let conn = tokio::spawn(async move {
-                        if let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await {
-                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                        }
-                    });
-                    c.lock().unwrap().push(conn);
-                } else {
-                    held.push(inbound);
-                }
-            }
-        });
-        Proxy { addr, forwarding, conns, accept }
-    }
-
-    pub fn blackhole(&self) {
-        self.forwarding.store(false, Ordering::SeqCst);
-        let conns: Vec<_> = self.conns.lock().unwrap().drain(..).collect();
-        for c in conns {
-            c.abort();
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.blackhole();
-        self.accept.abort();
+/// A lease whose server stopped answering is lost by its local deadline at the
+/// latest: its renewal fails (refused, reset or timed out) first, or the keeper's
+/// deadline timer fires, which tokio may deliver a few ms late.
+pub async fn lost_by_its_deadline(lease: &fencing_client::Lease) {
+    use fencing_client::{LockError, LossReason};
+    let limit = lease.deadline().saturating_duration_since(Instant::now()) + Duration::from_secs(1);
+    let at = cancelled_at(lease, limit).await;
+    assert!(!lease.is_valid());
+    assert!(at <= lease.deadline() + Duration::from_millis(50), "{:?} after", at - lease.deadline());
+    match lease.loss_reason() {
+        Some(LossReason::RenewalFailed(LockError::Transport(_) | LockError::Timeout))
+        | Some(LossReason::DeadlinePassed) => {}
+        other => panic!("unexpected loss reason {other:?}"),
     }
 }

@@ -1,101 +1,43 @@
 //! Throwaway databases on the local PostgreSQL (127.0.0.1:5432, user postgres,
 //! trust auth): one per test, dropped when the test ends, panics included.
 
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, async_fn_in_trait)]
 
-use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub mod own_pg;
 pub mod replicas;
-pub mod stall;
+
+/// The proxy that can stall (test-support's).
+pub mod stall {
+    #[allow(unused_imports)]
+    pub use test_support::StallProxy;
+}
 
 use deadpool_postgres::Pool;
 use fencing_postgres::{PgFence, PoolLimits};
 use tokio_postgres::{Client, Config, NoTls};
 
-const SERVER: &str = "host=127.0.0.1 port=5432 user=postgres connect_timeout=3";
+pub use test_support::{BOUND, TestDb};
 
-/// Every await on the database in a test is bounded by this, so a hang fails the test.
-pub const BOUND: Duration = Duration::from_secs(20);
-
-/// A database of its own for one test; dropped (connections and all) on drop.
-pub struct TestDb {
-    name: String,
+/// What these tests add to test-support's [`TestDb`]: fencing-postgres's pool and fence on it.
+pub trait TestDbExt {
+    /// A pool on this database within `limits`.
+    fn pool(&self, limits: PoolLimits) -> Pool;
+    /// The default mark table, migrated.
+    async fn fence(&self) -> PgFence;
 }
 
-impl TestDb {
-    /// A fresh, empty database. `None` after a loud SKIPPED line when
-    /// PostgreSQL is not reachable, unless `CI=true`: then the test fails.
-    pub async fn create() -> Option<TestDb> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let admin = match connect(&admin_config()).await {
-            Ok(client) => client,
-            Err(error) => {
-                let message = format!("PostgreSQL not reachable at 127.0.0.1:5432 as postgres: {error}");
-                assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true and {message}");
-                // Straight to stderr: the test harness captures `eprintln!` of passing tests.
-                let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {message} ***\n");
-                return None;
-            }
-        };
-        let name = format!("fencing_test_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        // A leftover of an earlier run with the same pid goes first.
-        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).await.unwrap();
-        admin.batch_execute(&format!("CREATE DATABASE {name}")).await.unwrap();
-        Some(TestDb { name })
-    }
-
-    /// The connection settings of this database.
-    pub fn config(&self) -> Config {
-        let mut config = admin_config();
-        config.dbname(&self.name);
-        config
-    }
-
-    /// A new connection to this database, its connection task spawned.
-    pub async fn connect(&self) -> Client {
-        connect(&self.config()).await.unwrap()
-    }
-
-    /// A pool on this database within `limits`.
-    pub fn pool(&self, limits: PoolLimits) -> Pool {
+impl TestDbExt for TestDb {
+    fn pool(&self, limits: PoolLimits) -> Pool {
         fencing_postgres::pool(self.config(), limits).unwrap()
     }
 
-    /// The default mark table, migrated.
-    pub async fn fence(&self) -> PgFence {
+    async fn fence(&self) -> PgFence {
         let fence = PgFence::new();
         fence.migrate(&self.connect().await).await.unwrap();
         fence
     }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        // Drop cannot await, and may run inside the test's runtime: a thread
-        // with a runtime of its own does the work.
-        let sql = format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name);
-        let dropped = std::thread::spawn(move || -> Result<(), String> {
-            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-            runtime.map_err(|e| e.to_string())?.block_on(async {
-                let admin = connect(&admin_config()).await.map_err(|e| e.to_string())?;
-                let dropped = tokio::time::timeout(BOUND, admin.batch_execute(&sql)).await;
-                dropped.map_err(|_| "timed out".to_owned())?.map_err(|e| e.to_string())
-            })
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop test database {}: {dropped:?}", self.name);
-        }
-    }
-}
-
-fn admin_config() -> Config {
-    let mut config: Config = SERVER.parse().unwrap();
-    config.dbname("postgres");
-    config
 }
 
 /// A new connection to the database `config` names, its connection task spawned.

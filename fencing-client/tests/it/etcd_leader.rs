@@ -25,7 +25,7 @@ use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::put;
 use fencing_client::etcd_client::{Client, ConnectOptions};
-use fencing_client::{EtcdLockClient, LossReason};
+use fencing_client::{EtcdLockClient, LockBackendExt, LossReason};
 use fencing_layer::{FencingLayer, FencingToken};
 use tokio::time::{Instant, sleep, timeout};
 

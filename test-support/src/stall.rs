@@ -4,8 +4,6 @@
 //! And that can *sever*: every connection through it is closed at once, and
 //! new ones are refused until it is restored — a session lost, and the
 //! database out of reach by that route for a while.
-//!
-//! The stalling half is a copy of fencing-postgres/tests/common/stall.rs.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,7 +14,10 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+/// Forwards to `upstream` until told to [`stall`](Self::stall) or
+/// [`sever`](Self::sever); see the module docs.
 pub struct StallProxy {
+    /// Where clients connect.
     pub addr: SocketAddr,
     flowing: watch::Sender<bool>,
     severed: Arc<AtomicBool>,
@@ -25,6 +26,7 @@ pub struct StallProxy {
 }
 
 impl StallProxy {
+    /// Listens on an ephemeral 127.0.0.1 port and forwards to `upstream`.
     pub async fn start(upstream: SocketAddr) -> StallProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

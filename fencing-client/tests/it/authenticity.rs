@@ -11,7 +11,7 @@ use axum::extract::Request;
 use axum::middleware::{Next, from_fn};
 use axum::routing::{get, put};
 use demo_lock_service::{Config, LockService, ProofSigner, RunningService};
-use fencing_client::{DemoLockClient, DemoLockVerifier};
+use fencing_client::{DemoLockClient, DemoLockVerifier, LockBackendExt};
 use fencing_layer::{Ed25519Verifier, FencingLayer, Raise, TokenVerifier, VerifyError};
 use http::HeaderMap;
 

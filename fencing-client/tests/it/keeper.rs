@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fencing_client::{BoxFuture, Grant, Lease, LeaseOptions, LockBackend, LockError, LossReason, Lost};
+use fencing_client::{Grant, Lease, LeaseOptions, LockError, LockProtocol, LossReason, Lost};
 use tokio::time::{Instant, sleep};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -42,53 +42,43 @@ impl Fake {
     }
 }
 
-impl LockBackend for Fake {
-    fn acquire<'a>(
-        &'a self,
-        name: &'a str,
-        holder: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Grant, LockError>> {
-        Box::pin(async move {
-            if self.acquire_hangs {
-                pending::<()>().await;
-            }
-            Ok(Grant {
-                lease_id: "fake-lease".into(),
-                name: name.into(),
-                holder: holder.into(),
-                token: 7,
-                ttl,
-                proof: None,
-            })
+/// Only the protocol: the blanket impl makes it a `LockBackend` for `Lease`.
+impl LockProtocol for Fake {
+    async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
+        if self.acquire_hangs {
+            pending::<()>().await;
+        }
+        Ok(Grant {
+            lease_id: "fake-lease".into(),
+            name: name.into(),
+            holder: holder.into(),
+            token: 7,
+            ttl,
+            proof: None,
         })
     }
 
-    fn keepalive<'a>(&'a self, grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async move {
-            assert_eq!(grant.lease_id, "fake-lease");
-            let n = {
-                let mut k = self.keepalives.lock().unwrap();
-                k.push(Instant::now());
-                k.len()
-            };
-            sleep(self.delay).await;
-            if n <= self.ok_renewals {
-                return Ok(());
-            }
-            match self.failure {
-                None => Ok(()),
-                Some(Failure::NotFound) => Err(LockError::LeaseNotFound),
-                Some(Failure::Hang) => pending().await,
-            }
-        })
+    async fn keepalive(&self, grant: &Grant) -> Result<(), LockError> {
+        assert_eq!(grant.lease_id, "fake-lease");
+        let n = {
+            let mut k = self.keepalives.lock().unwrap();
+            k.push(Instant::now());
+            k.len()
+        };
+        sleep(self.delay).await;
+        if n <= self.ok_renewals {
+            return Ok(());
+        }
+        match self.failure {
+            None => Ok(()),
+            Some(Failure::NotFound) => Err(LockError::LeaseNotFound),
+            Some(Failure::Hang) => pending().await,
+        }
     }
 
-    fn release<'a>(&'a self, _grant: &'a Grant) -> BoxFuture<'a, Result<(), LockError>> {
-        Box::pin(async move {
-            self.releases.fetch_add(1, Ordering::SeqCst);
-            Ok(())
-        })
+    async fn release(&self, _grant: &Grant) -> Result<(), LockError> {
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        Ok(())
     }
 }
 

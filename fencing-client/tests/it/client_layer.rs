@@ -14,7 +14,9 @@ use axum::extract::{Request, State};
 use axum::middleware::{Next, from_fn};
 use axum::routing::put;
 use demo_lock_service::{Config, LockService, ProofSigner, RunningService};
-use fencing_client::{DemoLockClient, FencedClientError, Lease, LeaseOptions, LockError, LossReason, Lost};
+use fencing_client::{
+    DemoLockClient, FencedClientError, Lease, LeaseOptions, LockBackendExt, LockError, LossReason, Lost,
+};
 use fencing_layer::{Ed25519Verifier, FencingLayer, FencingToken, MarkStore};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;

@@ -4,158 +4,41 @@
 //! Without an `etcd` binary on PATH (or in `$ETCD_BIN`) these tests print
 //! "SKIPPED: etcd not installed" and pass, unless `CI=true`, where that is a failure.
 
-use std::collections::HashMap;
-use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::Router;
-use axum::extract::{Path, State};
-use axum::routing::put;
-use fencing_client::{EtcdLockClient, EtcdVerifier, Grant, LockBackend, LockError, LossReason};
-use fencing_layer::{FencingLayer, FencingToken, Raise, TokenVerifier, VerifyError};
-use tokio::time::{Instant, sleep, timeout};
+use fencing_client::{EtcdLockClient, EtcdVerifier, LockBackendExt, LockError, LockStatus, LossReason};
+use fencing_layer::{Raise, TokenVerifier, VerifyError};
+use test_support::Etcd;
+use tokio::time::{Instant, sleep};
 
-// ---------- a real etcd, stopped on drop (also on panic) ----------
+use crate::common::{cancelled_at, fenced_resource, lost_by_its_deadline, write_doc};
+use crate::conformance::Backend;
 
-struct Etcd {
-    child: Option<Child>,
-    endpoint: String,
-    _dir: tempfile::TempDir,
-}
+// ---------- the backend, for the conformance suite ----------
 
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.stop();
+impl Backend for Etcd {
+    type Locks = EtcdLockClient;
+    async fn start() -> Option<Self> {
+        Etcd::start().await
     }
-}
-
-impl Etcd {
-    /// Kills etcd and waits for it to exit.
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+    async fn locks(&self) -> EtcdLockClient {
+        EtcdLockClient::connect([self.endpoint.as_str()]).await.unwrap()
     }
-}
-
-fn etcd_binary() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("ETCD_BIN") {
-        return Some(PathBuf::from(p));
+    async fn status(locks: &EtcdLockClient, name: &str) -> Option<LockStatus> {
+        locks.lock_status(name).await.unwrap()
     }
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path).map(|d| d.join("etcd")).find(|p| p.is_file())
+    /// etcd's lease TTLs are whole seconds, at least 2 s by default.
+    const PAUSED: (Duration, Duration) = (Duration::from_secs(2), Duration::from_secs(1));
+    const KEEPALIVE_TTL: Duration = Duration::from_secs(2);
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-/// Starts etcd, or returns `None` (after a loud skip notice) when it is not installed
-/// and this is not CI.
-async fn start_etcd() -> Option<Etcd> {
-    let Some(bin) = etcd_binary() else {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("etcd not installed, and CI=true: the etcd backend tests must run in CI");
-        }
-        eprintln!("SKIPPED: etcd not installed (put `etcd` on PATH or set ETCD_BIN to run these tests)");
-        return None;
-    };
-    // A port picked by binding :0 can be taken again before etcd binds it: retry with new ports.
-    for attempt in 1..=3 {
-        let dir = tempfile::tempdir().unwrap();
-        let (client_port, peer_port) = (free_port(), free_port());
-        let client_url = format!("http://127.0.0.1:{client_port}");
-        let peer_url = format!("http://127.0.0.1:{peer_port}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-        let child = Command::new(&bin)
-            .arg("--name")
-            .arg("fencing-test")
-            .arg("--data-dir")
-            .arg(dir.path().join("data"))
-            .arg("--listen-client-urls")
-            .arg(&client_url)
-            .arg("--advertise-client-urls")
-            .arg(&client_url)
-            .arg("--listen-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-advertise-peer-urls")
-            .arg(&peer_url)
-            .arg("--initial-cluster")
-            .arg(format!("fencing-test={peer_url}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
-        let mut etcd = Etcd { child: Some(child), endpoint: client_url, _dir: dir };
-        if wait_ready(&mut etcd).await {
-            return Some(etcd);
-        }
-        let log = std::fs::read_to_string(etcd._dir.path().join("etcd.log")).unwrap_or_default();
-        let tail: String = log.lines().rev().take(5).collect::<Vec<_>>().join("\n");
-        eprintln!("etcd attempt {attempt} did not come up; last log lines:\n{tail}");
-    }
-    panic!("etcd did not start in 3 attempts");
-}
-
-/// Polls etcd (at most 15 s) until it answers a read; false if it exited or never answered.
-async fn wait_ready(etcd: &mut Etcd) -> bool {
-    let Ok(client) = EtcdLockClient::connect([etcd.endpoint.as_str()]).await else { return false };
-    for _ in 0..150 {
-        if let Some(Ok(Some(_))) = etcd.child.as_mut().map(Child::try_wait) {
-            return false;
-        }
-        let mut kv = client.client().clone();
-        if let Ok(Ok(_)) = timeout(Duration::from_millis(500), kv.get("fencing/ready-probe", None)).await {
-            return true;
-        }
-        sleep(Duration::from_millis(100)).await;
-    }
-    false
-}
-
-// ---------- a fenced resource ----------
-
-type Docs = Arc<Mutex<HashMap<String, (String, u64)>>>;
-
-/// `PUT /docs/{name}` stores the body with the token that wrote it; the layer rejects
-/// stale tokens per path.
-async fn fenced_resource() -> (String, Docs) {
-    async fn write(
-        State(docs): State<Docs>,
-        Path(name): Path<String>,
-        token: FencingToken,
-        body: String,
-    ) -> &'static str {
-        docs.lock().unwrap().insert(name, (body, token.get()));
-        "stored"
-    }
-    let docs = Docs::default();
-    let app = Router::new()
-        .route("/docs/{name}", put(write))
-        .route_layer(FencingLayer::new())
-        .with_state(Arc::clone(&docs));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr: SocketAddr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}"), docs)
-}
-
-async fn write_doc(base: &str, name: &str, token: u64, body: &str) -> u16 {
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let req = fencing_client::fence_reqwest(http.put(format!("{base}/docs/{name}")), token);
-    req.body(body.to_owned()).send().await.unwrap().status().as_u16()
-}
+conformance!(Etcd);
 
 // ---------- tests ----------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contending_clients_release_then_stale_write_is_fenced() {
-    let Some(etcd) = start_etcd().await else { return };
+    let Some(etcd) = Etcd::start().await else { return };
     let (resource, docs) = fenced_resource().await;
     let a = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
     let b = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
@@ -206,45 +89,8 @@ async fn contending_clients_release_then_stale_write_is_fenced() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn expired_holder_is_replaced_with_a_higher_token_and_fenced() {
-    let Some(etcd) = start_etcd().await else { return };
-    let (resource, docs) = fenced_resource().await;
-    let a = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
-    let b = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
-
-    // A takes a raw grant and never renews it: a holder paused past its TTL.
-    let grant_a: Grant = a.acquire("ledger", "client-a", Duration::from_secs(2)).await.unwrap();
-    assert!(grant_a.ttl >= Duration::from_secs(2));
-    assert_eq!(write_doc(&resource, "ledger", grant_a.token, "A before the pause").await, 200);
-
-    // B waits for A's etcd lease to expire (bounded), then acquires.
-    let started = Instant::now();
-    let lease_b = loop {
-        match b.lease("ledger", "client-b", Duration::from_secs(5)).await {
-            Ok(lease) => break lease,
-            Err(LockError::Held { holder, .. }) => assert_eq!(holder, "client-a"),
-            Err(e) => panic!("unexpected error: {e}"),
-        }
-        assert!(started.elapsed() < Duration::from_secs(15), "A's lease never expired");
-        sleep(Duration::from_millis(200)).await;
-    };
-    assert!(started.elapsed() >= Duration::from_secs(1), "acquired before A's lease could expire");
-    assert!(lease_b.token() > grant_a.token);
-    assert_eq!(write_doc(&resource, "ledger", lease_b.token(), "B").await, 200);
-
-    // A wakes up: its lease is gone, and its write is refused.
-    assert_eq!(a.keepalive(&grant_a).await, Err(LockError::LeaseNotFound));
-    assert_eq!(write_doc(&resource, "ledger", grant_a.token, "A after the pause").await, 409);
-    assert_eq!(docs.lock().unwrap()["ledger"].0, "B");
-    // Releasing the expired grant must not touch B's key.
-    assert_eq!(a.release(&grant_a).await, Err(LockError::LeaseNotFound));
-    assert_eq!(b.lock_status("ledger").await.unwrap().unwrap().token, lease_b.token());
-    lease_b.release().await.unwrap();
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keepalives_hold_the_lock_past_its_ttl_sub_second_ttls_round_up() {
-    let Some(etcd) = start_etcd().await else { return };
+    let Some(etcd) = Etcd::start().await else { return };
     let a = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
     let b = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
 
@@ -276,15 +122,9 @@ async fn keepalives_hold_the_lock_past_its_ttl_sub_second_ttls_round_up() {
     short.release().await.unwrap();
 }
 
-/// Waits (at most `limit`) for the lease's cancellation; returns when it fired.
-async fn cancelled_at(lease: &fencing_client::Lease, limit: Duration) -> Instant {
-    timeout(limit, lease.cancelled()).await.expect("lease not cancelled in time");
-    Instant::now()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoked_etcd_lease_cancels_the_handle_before_its_deadline() {
-    let Some(etcd) = start_etcd().await else { return };
+    let Some(etcd) = Etcd::start().await else { return };
     let a = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
     let admin = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
 
@@ -307,7 +147,7 @@ async fn revoked_etcd_lease_cancels_the_handle_before_its_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deleted_lock_key_is_loss_even_while_the_etcd_lease_lives() {
-    let Some(etcd) = start_etcd().await else { return };
+    let Some(etcd) = Etcd::start().await else { return };
     let a = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
     let admin = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
 
@@ -320,21 +160,12 @@ async fn deleted_lock_key_is_loss_even_while_the_etcd_lease_lives() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopping_etcd_cancels_the_handle_by_its_deadline() {
-    let Some(mut etcd) = start_etcd().await else { return };
+    let Some(mut etcd) = Etcd::start().await else { return };
     let a = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
     let lease = a.lease("job", "client-a", Duration::from_secs(3)).await.unwrap();
     assert!(lease.is_valid());
     etcd.stop();
-    let at = cancelled_at(&lease, Duration::from_secs(4)).await;
-    assert!(!lease.is_valid());
-    // The renewal fails (connection refused, or its 1 s timeout) before the deadline; at
-    // the latest the keeper's deadline timer fires, which tokio may deliver a few ms late.
-    assert!(at <= lease.deadline() + Duration::from_millis(50), "{:?} after", at - lease.deadline());
-    match lease.loss_reason() {
-        Some(LossReason::RenewalFailed(LockError::Transport(_) | LockError::Timeout))
-        | Some(LossReason::DeadlinePassed) => {}
-        other => panic!("unexpected loss reason {other:?}"),
-    }
+    lost_by_its_deadline(&lease).await;
 }
 
 // ---------- the online check: EtcdVerifier ----------
@@ -346,7 +177,7 @@ async fn verify(v: &EtcdVerifier, key: &str, token: u64) -> Result<(), VerifyErr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_verifier_admits_only_the_live_grant() {
-    let Some(mut etcd) = start_etcd().await else { return };
+    let Some(mut etcd) = Etcd::start().await else { return };
     let locks = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap().with_prefix("app/locks/");
     let verifier = EtcdVerifier::from_lock_client(&locks)
         .lock_for_key(|key| key.strip_prefix("/docs/").map(str::to_owned))

@@ -1,13 +1,10 @@
 //! `DemoLockClient` and `Lease` against the real lock service on 127.0.0.1 (real time).
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use demo_lock_service::{Config, LockService, RunningService};
-use fencing_client::{DemoLockClient, LockError, LossReason};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::JoinHandle;
+use fencing_client::{DemoLockClient, LockBackendExt, LockError, LossReason};
+use test_support::Proxy;
 use tokio::time::Instant;
 
 async fn start(dir: &std::path::Path) -> RunningService {
@@ -101,54 +98,6 @@ async fn a_stopped_service_is_loss() {
         "{:?}",
         lease.loss_reason()
     );
-}
-
-/// A loopback TCP proxy that forwards to `upstream` until `blackhole()`, then accepts
-/// connections and never answers.
-struct Proxy {
-    addr: std::net::SocketAddr,
-    forwarding: Arc<AtomicBool>,
-    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
-    accept: JoinHandle<()>,
-}
-
-impl Proxy {
-    async fn start(upstream: std::net::SocketAddr) -> Proxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let forwarding = Arc::new(AtomicBool::new(true));
-        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
-        let (f, c) = (forwarding.clone(), conns.clone());
-        let accept = tokio::spawn(async move {
-            let mut held = Vec::new();
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                if f.load(Ordering::SeqCst) {
-                    c.lock().unwrap().push(tokio::spawn(async move {
-                        if let Ok(mut out) = TcpStream::connect(upstream).await {
-                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                        }
-                    }));
-                } else {
-                    held.push(inbound);
-                }
-            }
-        });
-        Proxy { addr, forwarding, conns, accept }
-    }
-
-    fn blackhole(&self) {
-        self.forwarding.store(false, Ordering::SeqCst);
-        for c in self.conns.lock().unwrap().drain(..) {
-            c.abort();
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.blackhole();
-        self.accept.abort();
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,28 @@
+//! fencing-client's integration tests, one binary (one link) for all of them:
+//! the keeper against a fake, the demo service in-process, and each optional
+//! backend (its feature on) against a real server the test starts. The lock
+//! scenarios every backend must pass are written once, in [`conformance`].
+//!
+//! Nothing here sets process-wide state (environment, global recorders), so the
+//! modules share the binary safely.
+
+#[cfg(any(feature = "etcd", feature = "postgres", feature = "redis", feature = "zookeeper"))]
+#[macro_use]
+mod conformance;
+#[path = "../common/mod.rs"]
+mod common;
+
+mod authenticity;
+mod client_layer;
+mod demo_service;
+#[cfg(feature = "etcd")]
+mod etcd;
+#[cfg(feature = "etcd")]
+mod etcd_leader;
+mod keeper;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(feature = "zookeeper")]
+mod zookeeper;

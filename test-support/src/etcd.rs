@@ -1,0 +1,95 @@
+//! A throwaway single-member etcd.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{sleep, timeout};
+
+use crate::process::{exited, find_binary, kill, log_tail};
+
+/// A single-member etcd on ephemeral 127.0.0.1 ports in a temporary directory,
+/// killed on drop (also on panic).
+///
+/// Without `etcd` on PATH (or in `$ETCD_BIN`): `None` after a loud SKIPPED line,
+/// or a failure when `CI=true`.
+pub struct Etcd {
+    child: Option<Child>,
+    /// The client URL, `http://127.0.0.1:{port}`.
+    pub endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Etcd {
+    /// Starts etcd and waits (at most about 15 s) until it is healthy.
+    pub async fn start() -> Option<Etcd> {
+        let Some(bin) = find_binary("ETCD_BIN", "etcd") else {
+            return crate::skip("etcd not installed (put `etcd` on PATH or set ETCD_BIN)");
+        };
+        // A port picked by binding :0 can be taken again before etcd binds it: retry with new ports.
+        for attempt in 1..=3 {
+            let dir = tempfile::tempdir().unwrap();
+            let client_port = crate::free_port();
+            let client_url = format!("http://127.0.0.1:{client_port}");
+            let peer_url = format!("http://127.0.0.1:{}", crate::free_port());
+            let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
+            let child = Command::new(&bin)
+                .args(["--name", "fencing-test"])
+                .arg("--data-dir")
+                .arg(dir.path().join("data"))
+                .args(["--listen-client-urls", &client_url, "--advertise-client-urls", &client_url])
+                .args(["--listen-peer-urls", &peer_url, "--initial-advertise-peer-urls", &peer_url])
+                .args(["--initial-cluster", &format!("fencing-test={peer_url}")])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot start {}: {e}", PathBuf::from(&bin).display()));
+            let mut etcd = Etcd { child: Some(child), endpoint: client_url, _dir: dir };
+            if etcd.wait_ready(client_port).await {
+                return Some(etcd);
+            }
+            let tail = log_tail(&etcd._dir.path().join("etcd.log"), 5);
+            eprintln!("etcd attempt {attempt} did not come up; last log lines:\n{tail}");
+        }
+        panic!("etcd did not start in 3 attempts");
+    }
+
+    /// Polls until `/health` says it serves (it has a leader and answers reads);
+    /// false if it exited or never did.
+    async fn wait_ready(&mut self, port: u16) -> bool {
+        for _ in 0..150 {
+            if exited(&mut self.child) {
+                return false;
+            }
+            if let Ok(Ok(true)) = timeout(Duration::from_millis(500), healthy(port)).await {
+                return true;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+
+    /// Kills etcd (SIGKILL) and waits for it to exit.
+    pub fn stop(&mut self) {
+        kill(&mut self.child);
+    }
+}
+
+/// `GET /health` on the client port; whether etcd says `"health":"true"`.
+async fn healthy(port: u16) -> std::io::Result<bool> {
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let request = format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    conn.write_all(request.as_bytes()).await?;
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await?;
+    let answer = String::from_utf8_lossy(&answer);
+    Ok(answer.starts_with("HTTP/1.1 200") && answer.contains("\"health\":\"true\""))
+}

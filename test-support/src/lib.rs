@@ -1,0 +1,54 @@
+//! What the workspace's tests share, written once: the loud skip, free ports,
+//! throwaway servers (Redis, etcd, ZooKeeper) on ephemeral loopback ports, a
+//! throwaway database on the shared PostgreSQL (feature `postgres`), and TCP
+//! proxies that can stop answering ([`Proxy`]) or stall and sever ([`StallProxy`]),
+//! and the workspace's own server binaries as child processes ([`ChildServer`]).
+//!
+//! A dev-dependency only (`publish = false`). Every server lives in a temporary
+//! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle
+//! drops, panics included.
+//!
+//! ```
+//! // A port that was free a moment ago: what the launchers bind their servers to.
+//! let port = test_support::free_port();
+//! assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+//! ```
+
+#![deny(missing_docs, unsafe_code, unreachable_pub)]
+
+mod child_server;
+mod etcd;
+mod process;
+mod proxy;
+mod redis;
+mod stall;
+#[cfg(feature = "postgres")]
+mod testdb;
+mod zookeeper;
+
+use std::io::Write;
+use std::net::TcpListener;
+
+pub use child_server::{ChildServer, Starting};
+pub use etcd::Etcd;
+pub use proxy::Proxy;
+pub use redis::Redis;
+pub use stall::StallProxy;
+#[cfg(feature = "postgres")]
+pub use testdb::{BOUND, TestDb};
+pub use zookeeper::ZooKeeper;
+
+/// `None` after a loud SKIPPED line, unless `CI=true`: then the test fails, since
+/// CI installs every server and a skip there would hide a missing test.
+pub fn skip<T>(what: &str) -> Option<T> {
+    assert!(std::env::var("CI").as_deref() != Ok("true"), "CI=true and {what}: these tests must run in CI");
+    // Straight to stderr: the harness captures `eprintln!` of passing tests.
+    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED: {what} ***\n");
+    None
+}
+
+/// A port that was free a moment ago on 127.0.0.1 (another process may take it
+/// before the caller binds it: the launchers retry with a new one).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}

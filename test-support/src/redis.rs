@@ -1,0 +1,116 @@
+//! A throwaway `redis-server`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{sleep, timeout};
+
+use crate::process::{exited, find_binary, kill};
+
+/// A `redis-server` on an ephemeral 127.0.0.1 port in a temporary directory (no RDB
+/// snapshots), killed on drop. [`Redis::start`] makes it durable (AOF with
+/// `appendfsync always`); [`Redis::start_with`] takes other settings.
+///
+/// Without `redis-server` on PATH (or in `$REDIS_SERVER_BIN`): `None` after a loud
+/// SKIPPED line, or a failure when `CI=true`.
+pub struct Redis {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Redis {
+    /// A durable Redis (AOF, fsync on every write), or `None` after SKIPPED.
+    pub async fn start() -> Option<Redis> {
+        Self::start_with(&["--appendonly", "yes", "--appendfsync", "always"]).await
+    }
+
+    /// A Redis with `settings` (command-line options), or `None` after SKIPPED.
+    pub async fn start_with(settings: &[&str]) -> Option<Redis> {
+        let Some(bin) = find_binary("REDIS_SERVER_BIN", "redis-server") else {
+            return crate::skip("redis-server not installed (put it on PATH or set REDIS_SERVER_BIN)");
+        };
+        let mut redis = Redis {
+            bin,
+            dir: tempfile::tempdir().unwrap(),
+            port: crate::free_port(),
+            extra: settings.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        redis.run().await;
+        Some(redis)
+    }
+
+    /// `redis://127.0.0.1:{port}`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The data directory (the AOF is in it).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts (or restarts, on the same directory and port) and waits for `PING`.
+    pub async fn run(&mut self) {
+        for _ in 0..3 {
+            let log = std::fs::File::create(self.dir.path().join("redis.log")).unwrap();
+            let child = Command::new(&self.bin)
+                .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", ""])
+                .arg("--dir")
+                .arg(self.dir.path())
+                .args(&self.extra)
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            self.child = Some(child);
+            if self.ready().await {
+                return;
+            }
+            self.kill();
+            self.port = crate::free_port();
+        }
+        let log = std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default();
+        panic!("redis-server did not start:\n{log}");
+    }
+
+    /// Polls (at most about 5 s) until the server answers `PING` with `+PONG`.
+    async fn ready(&mut self) -> bool {
+        for _ in 0..100 {
+            if exited(&mut self.child) {
+                return false;
+            }
+            if let Ok(Ok(true)) = timeout(Duration::from_millis(500), ping(self.port)).await {
+                return true;
+            }
+            sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// SIGKILL: no shutdown, no final AOF rewrite.
+    pub fn kill(&mut self) {
+        kill(&mut self.child);
+    }
+}
+
+/// `PING` in Redis's inline protocol; whether the answer is `+PONG`.
+async fn ping(port: u16) -> std::io::Result<bool> {
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    conn.write_all(b"PING\r\n").await?;
+    let mut answer = [0; 7];
+    conn.read_exact(&mut answer).await?;
+    Ok(&answer == b"+PONG\r\n")
+}

@@ -1,0 +1,125 @@
+//! A throwaway standalone ZooKeeper.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::{Instant, sleep, timeout};
+
+use crate::process::{exited, find_binary, kill};
+
+/// A standalone ZooKeeper (`ZooKeeperServerMain` on a JRE) on an ephemeral
+/// 127.0.0.1 port in a temporary directory, killed on drop. Ticks are 100 ms, so
+/// sessions can be as short as 200 ms.
+///
+/// Needs `java` on PATH (or `$JAVA_BIN`) and the ZooKeeper jar (`/usr/share/java/zookeeper.jar`, or
+/// `$ZOOKEEPER_JAR`); without them `None` after a loud SKIPPED line, or a failure
+/// when `CI=true`.
+pub struct ZooKeeper {
+    java: PathBuf,
+    classpath: String,
+    dir: tempfile::TempDir,
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Drop for ZooKeeper {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl ZooKeeper {
+    /// Starts ZooKeeper and waits until it serves.
+    pub async fn start() -> Option<ZooKeeper> {
+        let Some(java) = find_binary("JAVA_BIN", "java") else {
+            return crate::skip("java not installed (ZooKeeper needs a JRE)");
+        };
+        let jar = std::env::var_os("ZOOKEEPER_JAR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/usr/share/java/zookeeper.jar"));
+        if !jar.is_file() {
+            return crate::skip(&format!(
+                "ZooKeeper not installed ({} missing; set ZOOKEEPER_JAR)",
+                jar.display()
+            ));
+        }
+        // The jar's manifest names its dependencies; slf4j-nop, if there, silences logging.
+        let mut classpath = jar.display().to_string();
+        let nop = jar.with_file_name("slf4j-nop.jar");
+        if nop.is_file() {
+            classpath = format!("{classpath}:{}", nop.display());
+        }
+        let mut zk = ZooKeeper { java, classpath, dir: tempfile::tempdir().unwrap(), port: 0, child: None };
+        for _ in 0..3 {
+            zk.port = crate::free_port();
+            if zk.run().await {
+                return Some(zk);
+            }
+        }
+        let log = std::fs::read_to_string(zk.dir.path().join("zk.log")).unwrap_or_default();
+        panic!("ZooKeeper did not start:\n{log}");
+    }
+
+    /// The connect string, `127.0.0.1:{port}`.
+    pub fn cluster(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// The server's directory (its config, log and `data/`).
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Starts (or restarts on the same data and port) and waits (at most 60 s) until
+    /// it serves; false if it exited or never did.
+    pub async fn run(&mut self) -> bool {
+        let dir = self.dir.path();
+        let cfg = format!(
+            "tickTime=100\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
+             maxSessionTimeout=60000\nadmin.enableServer=false\n4lw.commands.whitelist=srvr\n",
+            dir.join("data").display(),
+            self.port
+        );
+        std::fs::write(dir.join("zoo.cfg"), cfg).unwrap();
+        let log = std::fs::File::create(dir.join("zk.log")).unwrap();
+        let child = Command::new(&self.java)
+            .args(["-Xmx128m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", &self.classpath])
+            .arg("org.apache.zookeeper.server.ZooKeeperServerMain")
+            .arg(dir.join("zoo.cfg"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(60) {
+            if exited(&mut self.child) {
+                return false;
+            }
+            if let Ok(Ok(true)) = timeout(Duration::from_secs(2), serving(self.port)).await {
+                return true;
+            }
+            sleep(Duration::from_millis(100)).await;
+        }
+        self.kill();
+        false
+    }
+
+    /// SIGKILL: no shutdown of any kind.
+    pub fn kill(&mut self) {
+        kill(&mut self.child);
+    }
+}
+
+/// The `srvr` four-letter command: a serving server names its mode; one still
+/// loading its data says it is "not currently serving requests".
+async fn serving(port: u16) -> std::io::Result<bool> {
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    conn.write_all(b"srvr").await?;
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await?;
+    Ok(String::from_utf8_lossy(&answer).contains("Mode: "))
+}

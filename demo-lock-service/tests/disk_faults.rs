@@ -59,7 +59,7 @@ async fn grants_stay_durable_and_unique_through_disk_faults_and_recover_without_
     let data = dir.path().join("data");
     let data_arg = data.to_str().unwrap();
     let args = ["--listen", "127.0.0.1:0", "--data-dir", data_arg];
-    let service = Service::start(BIN, &args, Some(dir.path()), &[]);
+    let service = Service::start(BIN, &args, Some(dir.path()), &[], None);
     let url = service.url.clone();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -142,7 +142,7 @@ async fn grants_stay_durable_and_unique_through_disk_faults_and_recover_without_
 
     // kill -9, then restart without faults: nothing acknowledged is lost.
     service.kill9();
-    let service = Service::start(BIN, &args, None, &[]);
+    let service = Service::start(BIN, &args, None, &[], None);
     let mut last: BTreeMap<&str, u64> = BTreeMap::new();
     for (name, token) in &ledger.acked {
         last.insert(name, *token);

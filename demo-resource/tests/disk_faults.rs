@@ -61,7 +61,7 @@ async fn acknowledged_writes_and_marks_survive_disk_faults_and_recover_without_r
     let data = dir.path().join("data");
     let data_arg = data.to_str().unwrap();
     let args = ["serve", "--listen", "127.0.0.1:0", "--data-dir", data_arg];
-    let service = Service::start(BIN, &args, Some(dir.path()), &[]);
+    let service = Service::start(BIN, &args, Some(dir.path()), &[], None);
     let url = service.url.clone();
     let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -152,7 +152,7 @@ async fn acknowledged_writes_and_marks_survive_disk_faults_and_recover_without_r
 
     // kill -9, then restart without faults: every acknowledged append and raise is there.
     service.kill9();
-    let service = Service::start(BIN, &args, None, &[]);
+    let service = Service::start(BIN, &args, None, &[], None);
     let mut lost = 0;
     for (name, entries) in &ledger.acked {
         let log: Value =

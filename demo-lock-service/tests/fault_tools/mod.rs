@@ -1,6 +1,7 @@
 //! What the fault tests share (this crate's and demo-resource's, which includes
 //! this file by path): finding the tools, starting a service under one of them,
-//! switching libfiu failure points, and a small seeded random source.
+//! switching libfiu failure points, moving a process's clock with libfaketime,
+//! and a small seeded random source.
 
 #![allow(dead_code)] // Each test file uses its own part.
 
@@ -61,8 +62,15 @@ pub(crate) struct Service {
 
 impl Service {
     /// Starts `bin args…`, under `fiu-run -x` (remote control in `fiu_ctrl_dir`) if
-    /// given, and waits for its `listening on ADDR` line.
-    pub(crate) fn start(bin: &str, args: &[&str], fiu_ctrl_dir: Option<&Path>, env: &[(&str, &str)]) -> Self {
+    /// given, and waits for its `listening on ADDR` line. Its log (stderr) goes to
+    /// `log` if given, else nowhere.
+    pub(crate) fn start(
+        bin: &str,
+        args: &[&str],
+        fiu_ctrl_dir: Option<&Path>,
+        env: &[(&str, String)],
+        log: Option<&Path>,
+    ) -> Self {
         let mut command = match fiu_ctrl_dir {
             Some(dir) => {
                 let mut command = Command::new("fiu-run");
@@ -71,8 +79,9 @@ impl Service {
             }
             None => Command::new(bin),
         };
-        command.args(args).envs(env.iter().copied());
-        command.stdout(Stdio::piped()).stderr(Stdio::null()).env("RUST_LOG", "warn");
+        command.env("RUST_LOG", "warn").args(args).envs(env.iter().map(|(k, v)| (k, v)));
+        let stderr = log.map_or_else(Stdio::null, |log| std::fs::File::create(log).unwrap().into());
+        command.stdout(Stdio::piped()).stderr(stderr);
         let mut child = command.spawn().expect("start the service");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
@@ -171,4 +180,68 @@ where
         assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// libfaketime (Debian's `faketime` package) driven through a timestamp file, so
+/// the clock of a running process can be stepped and sped up: `set("-1h")`,
+/// `set("+0 x10")`. The `faketime` command fixes its spec at start, so the
+/// library is preloaded directly, as `faketime` itself does.
+pub(crate) struct FakeClock {
+    library: PathBuf,
+    spec: PathBuf,
+}
+
+/// How long a process may take to see a new spec: it reads the file at every
+/// clock call (`FAKETIME_NO_CACHE=1`; libfaketime's cache counts whole seconds).
+pub(crate) const FAKETIME_SEEN_WITHIN: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl FakeClock {
+    /// The library and a spec file (`+0`: the real time) in `dir`; `None` (and
+    /// SKIPPED, or a failure under `CI=true`) without the `faketime` package.
+    pub(crate) fn new(dir: &Path) -> Option<Self> {
+        if !have("faketime", "faketime") {
+            return None;
+        }
+        let library = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib"]
+            .iter()
+            .map(|lib| Path::new(lib).join("faketime/libfaketimeMT.so.1"))
+            .find(|path| path.is_file())
+            .expect("the faketime package's libfaketimeMT.so.1");
+        let clock = Self { library, spec: dir.join("faketime-spec") };
+        clock.set("+0");
+        Some(clock)
+    }
+
+    /// Moves the clock: a libfaketime spec (`-1h`, `+1h`, `+0 x2`, `+0 x0.5`), seen by
+    /// the process at its next clock call.
+    pub(crate) fn set(&self, spec: &str) {
+        std::fs::write(&self.spec, format!("{spec}\n")).unwrap();
+    }
+
+    /// The environment of a process on this clock: the wall clock only
+    /// (`FAKETIME_DONT_FAKE_MONOTONIC=1`), or the monotonic clock too.
+    pub(crate) fn env(&self, wall_only: bool) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("LD_PRELOAD", self.library.display().to_string()),
+            ("FAKETIME_TIMESTAMP_FILE", self.spec.display().to_string()),
+            ("FAKETIME_NO_CACHE", "1".into()),
+        ];
+        if wall_only {
+            env.push(("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()));
+        }
+        env
+    }
+}
+
+/// Seconds between the wall clock a log line's timestamp shows
+/// (`2026-12-01T18:12:06.123Z …`) and this process's, within a day: how far the
+/// service's wall clock was moved.
+pub(crate) fn log_offset_secs(line: &str) -> i64 {
+    let time = line.split('T').nth(1).and_then(|t| t.get(..8)).unwrap_or_else(|| panic!("log line {line:?}"));
+    let parts: Vec<i64> = time.split(':').map(|p| p.parse().unwrap()).collect();
+    let theirs = parts[0] * 3600 + parts[1] * 60 + parts[2];
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let ours = i64::try_from(now % 86_400).unwrap();
+    let diff = (theirs - ours).rem_euclid(86_400);
+    if diff > 43_200 { diff - 86_400 } else { diff }
 }

@@ -32,6 +32,9 @@ const TTL: Duration = Duration::from_millis(1500);
 /// Polling, a debug build, and a loaded machine: how late an expiry may be seen.
 const LATE: Duration = Duration::from_millis(600);
 
+/// Whether the service's wall clock, this many seconds off ours, shows a move.
+type WallCheck = fn(i64) -> bool;
+
 struct Client {
     http: reqwest::Client,
     url: String,
@@ -86,7 +89,7 @@ async fn wall_clock_jumps_neither_shorten_nor_stretch_leases_and_tokens_keep_ris
     let client = Client { http: reqwest::Client::new(), url: service.url.clone() };
     let mut last_token = 0;
     // (spec, how the service's wall clock must look once it is applied)
-    let moves: [(&str, fn(i64) -> bool); 4] = [
+    let moves: [(&str, WallCheck); 4] = [
         ("-1h", |offset| (-3700..=-3500).contains(&offset)),
         ("+1h", |offset| (3500..=3700).contains(&offset)),
         ("+0 x10", |_| true),
@@ -129,13 +132,11 @@ async fn wall_clock_jumps_neither_shorten_nor_stretch_leases_and_tokens_keep_ris
 
 /// A fenced resource in this process: a tower service answering 200 behind the
 /// fencing layer (its marks in memory), so a refused token gets the layer's 409.
-type Resource = fencing_layer::Fencing<
-    tower::util::ServiceFn<fn(Request<String>) -> std::future::Ready<Result<Response<String>, Infallible>>>,
->;
+type Handler = fn(Request<String>) -> std::future::Ready<Result<Response<String>, Infallible>>;
+type Resource = fencing_layer::Fencing<tower::util::ServiceFn<Handler>>;
 
 fn resource() -> Resource {
-    let written: fn(Request<String>) -> std::future::Ready<Result<Response<String>, Infallible>> =
-        |_| std::future::ready(Ok(Response::new("written".to_owned())));
+    let written: Handler = |_| std::future::ready(Ok(Response::new("written".to_owned())));
     FencingLayer::new().store(MarkStore::in_memory()).layer(tower::service_fn(written))
 }
 

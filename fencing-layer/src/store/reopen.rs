@@ -286,3 +286,113 @@ impl fmt::Debug for ReopeningDatabase {
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs::OpenOptions;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use redb::backends::FileBackend;
+    use redb::{ReadableDatabase, StorageBackend, TableDefinition};
+
+    use super::*;
+
+    const T: TableDefinition<'_, &str, u64> = TableDefinition::new("t");
+
+    /// A file whose fsync fails while `failing` is set (the libfiu tests do this
+    /// to real processes; this one runs everywhere, in a unit test).
+    #[derive(Debug)]
+    struct FlakySync {
+        file: FileBackend,
+        failing: Arc<AtomicBool>,
+    }
+
+    impl StorageBackend for FlakySync {
+        fn len(&self) -> std::io::Result<u64> {
+            self.file.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> std::io::Result<()> {
+            self.file.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            self.file.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(std::io::Error::from_raw_os_error(5));
+            }
+            self.file.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
+            self.file.write(offset, data)
+        }
+    }
+
+    fn put(db: &ReopeningDatabase, key: &str, value: u64) -> Result<(), StorageFault> {
+        db.run(|db| {
+            let txn = db.begin_write()?;
+            txn.open_table(T)?.insert(key, value)?;
+            Ok(txn.commit()?)
+        })
+    }
+
+    fn get(db: &ReopeningDatabase, key: &str) -> Option<u64> {
+        db.run(|db| Ok(db.begin_read()?.open_table(T)?.get(key)?.map(|v| v.value()))).unwrap()
+    }
+
+    #[test]
+    fn a_failed_fsync_closes_the_file_and_it_reopens_with_what_was_acknowledged_once_the_disk_works() {
+        let dir = tempfile::tempdir().unwrap();
+        let failing = Arc::new(AtomicBool::new(false));
+        let flaky = Arc::clone(&failing);
+        let open = move |path: &Path| {
+            let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(path)?;
+            let file = FlakySync { file: FileBackend::new(file)?, failing: Arc::clone(&flaky) };
+            Database::builder().create_with_backend(file)
+        };
+        // The recheck commits, so a reopen on a disk that still fails stays closed.
+        let recheck = |db: &Database| {
+            let txn = db.begin_write()?;
+            txn.open_table(T)?;
+            Ok(txn.commit()?)
+        };
+        let db = ReopeningDatabase::open(dir.path().join("t.redb"), open, recheck).unwrap();
+        put(&db, "acknowledged", 1).unwrap();
+
+        failing.store(true, Ordering::SeqCst);
+        let failed = put(&db, "failed", 2).unwrap_err();
+        assert!(matches!(failed, StorageFault::Failed(redb::Error::Io(_))), "{failed:?}");
+        assert!(failed.is_unavailable());
+        // Closed at once, not a zombie: no operation reaches the failed handle again.
+        assert!(matches!(put(&db, "later", 3), Err(StorageFault::Closed { .. })));
+        std::thread::sleep(REOPEN_INTERVAL);
+        let still = db.ready().unwrap_err();
+        assert!(still.to_string().contains("reopening failed"), "{still}");
+
+        failing.store(false, Ordering::SeqCst);
+        let start = Instant::now();
+        while db.ready().is_err() {
+            assert!(start.elapsed() < 4 * REOPEN_INTERVAL, "not reopened in {:?}", start.elapsed());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(get(&db, "acknowledged"), Some(1), "an acknowledged write survives the reopen");
+        put(&db, "after", 4).unwrap();
+        assert_eq!(get(&db, "after"), Some(4));
+    }
+
+    #[test]
+    fn a_database_in_memory_is_never_closed() {
+        let db = Database::builder().create_with_backend(redb::backends::InMemoryBackend::new()).unwrap();
+        let db = ReopeningDatabase::fixed(db);
+        put(&db, "k", 1).unwrap();
+        // A failing operation of another kind leaves it open.
+        let missing = db.run(|db| {
+            let none = TableDefinition::<&str, u64>::new("none");
+            Ok(db.begin_read()?.open_table(none)?.get("k")?.map(|v| v.value()))
+        });
+        assert!(matches!(missing, Err(StorageFault::Failed(redb::Error::TableDoesNotExist(_)))));
+        assert!(db.ready().is_ok());
+        assert_eq!(get(&db, "k"), Some(1));
+    }
+}

@@ -54,9 +54,15 @@ async fn moves(
         if raised == 503 && stepped_back {
             // The writer recorded the raise after the request stopped waiting: the same
             // token gets in on a retry, without a new raise (hence without a timer).
+            // Retried for up to 5 s, so a slow fsync on a busy machine is waited for.
             unavailable += 1;
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            raised = append(http, url, token + 1).await;
+            for _ in 0..50 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                raised = append(http, url, token + 1).await;
+                if raised != 503 {
+                    break;
+                }
+            }
         }
         assert_eq!(raised, 201, "{what}: a raise");
         token += 1;

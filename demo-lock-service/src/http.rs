@@ -33,6 +33,7 @@ pub(crate) fn router(service: LockService) -> Router {
         .route("/v1/locks/{name}", get(lock_status))
         .route("/v1/locks/{name}/tokens/{token}", get(check_token))
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(service)
@@ -367,6 +368,20 @@ fn parse_token(s: &str) -> Option<u64> {
 
 async fn healthz() -> &'static str {
     "ok\n"
+}
+
+/// 200 while the store takes grants; 503 `not-ready` while it is closed (after a
+/// disk failure, until it reopens; or shut down). `/healthz` stays 200 either way.
+async fn readyz(State(service): State<LockService>) -> Response {
+    match service.ready().await {
+        Ok(()) => "ready\n".into_response(),
+        Err(e) => {
+            let mut p =
+                Problem::new(StatusCode::SERVICE_UNAVAILABLE, "not-ready", "Not ready", e.to_string());
+            p.retry_after_secs = Some(1);
+            p.into_response()
+        }
+    }
 }
 
 async fn not_found(req: Request) -> Problem {

@@ -10,7 +10,8 @@
 //! | `POST /v1/leases` when [`Config::max_leases`] leases are held | | 503 `lease-table-full` with `Retry-After` |
 //! | `GET /v1/locks/{name}` | 200 `{"name","holder","token","expires_in_ms"}` | 404 free |
 //! | `GET /v1/locks/{name}/tokens/{token}` | 200 `{"lock","token","valid":true,"expires_in_ms"}` or `{"lock","token","valid":false,"reason"}` | 400 bad name or token |
-//! | `GET /healthz` | 200 | |
+//! | `GET /healthz` | 200: the process answers (liveness) | |
+//! | `GET /readyz` | 200 `ready`: the store takes grants (readiness) | 503 `not-ready` with `Retry-After` while the store is closed after a disk failure (it reopens by itself: [`fencing_layer::ReopeningDatabase`]) or shut down |
 //! | `GET /metrics` | 200: grants, conflicts, expiries, keepalives and releases in Prometheus text (the binary; a library user sets [`Config::with_metrics`]) | 404 without it |
 //!
 //! Every error body is an RFC 9457 `application/problem+json` object.
@@ -477,6 +478,22 @@ impl LockService {
         tokio::task::spawn_blocking(move || inner.release_blocking(now, lease_id))
             .await
             .map_err(|e| StorageError(e.to_string()))?
+    }
+
+    /// Whether the store takes grants now: what `GET /readyz` answers. After a
+    /// disk failure the store is closed and reopened from the file by itself;
+    /// this call tries a reopen that is due. Blocks behind a grant being written.
+    ///
+    /// # Errors
+    ///
+    /// Why grants would fail now (503).
+    pub async fn ready(&self) -> Result<(), StorageError> {
+        let inner = Arc::clone(&self.inner);
+        let ready = tokio::task::spawn_blocking(move || match lock(&inner.writer).as_ref() {
+            Some(store) => store.ready().map_err(|e| StorageError(e.to_string())),
+            None => Err(StorageError(CLOSED.into())),
+        });
+        ready.await.map_err(|e| StorageError(e.to_string()))?
     }
 
     /// The current holder of lock `name`, or `None` if it is free.

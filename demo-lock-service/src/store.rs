@@ -8,6 +8,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
+use fencing_layer::{ReopeningDatabase, StorageFault};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 
@@ -54,14 +55,18 @@ impl std::fmt::Display for StoreError {
     }
 }
 
-fn db_err(e: impl Into<redb::Error>) -> StoreError {
-    StoreError::Db(e.into().to_string())
+fn db_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Db(e.to_string())
 }
 
-/// The open database.
+/// The open database. After a failed write or fsync it is closed and reopened
+/// from disk ([`ReopeningDatabase`], whose docs say why), the tables and every
+/// lease re-read; meanwhile grants and releases fail (503) and [`Store::ready`]
+/// says why. The counter is read from the file in every grant's transaction, so
+/// after a reopen it continues from the last durable grant.
 #[derive(Debug)]
 pub(crate) struct Store {
-    db: Database,
+    db: ReopeningDatabase,
 }
 
 /// What [`Store::open`] found on disk.
@@ -76,31 +81,22 @@ impl Store {
     pub(crate) fn open(dir: &Path) -> Result<Loaded, StoreError> {
         std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
         let path: PathBuf = dir.join(DB_FILE);
-        let db = Database::builder().set_cache_size(CACHE_BYTES).create(&path).map_err(db_err)?;
+        let open = |path: &Path| Database::builder().set_cache_size(CACHE_BYTES).create(path);
+        let recheck = |db: &Database| {
+            create_tables(db)?;
+            read_counter(db)?;
+            read_leases(db).map(drop)
+        };
+        let db = ReopeningDatabase::open(path, open, recheck).map_err(db_err)?;
         // Make the new file's directory entry durable too (cheap; matters on first start).
         File::open(dir).and_then(|d| d.sync_all()).map_err(|e| io_err(dir, e))?;
-
-        // Create the tables so that read transactions find them.
-        let mut txn = db.begin_write().map_err(db_err)?;
-        txn.set_durability(Durability::Immediate).map_err(db_err)?;
-        {
-            txn.open_table(META).map_err(db_err)?;
-            txn.open_table(LEASES).map_err(db_err)?;
-        }
-        txn.commit().map_err(db_err)?;
-
-        let read = db.begin_read().map_err(db_err)?;
-        let table = read.open_table(LEASES).map_err(db_err)?;
-        let mut leases = Vec::new();
-        for row in table.iter().map_err(db_err)? {
-            let (name, value) = row.map_err(db_err)?;
-            let lease: StoredLease = serde_json::from_slice(value.value())
-                .map_err(|e| StoreError::Db(format!("corrupt lease record for {:?}: {e}", name.value())))?;
-            leases.push((name.value().to_owned(), lease));
-        }
-        drop(table);
-        drop(read);
+        let leases = db.run(read_leases).map_err(db_err)?;
         Ok(Loaded { store: Store { db }, leases })
+    }
+
+    /// Whether the file takes grants now (`GET /readyz`); tries a due reopen.
+    pub(crate) fn ready(&self) -> Result<(), StorageFault> {
+        self.db.ready()
     }
 
     /// Takes the next token from the counter and records the lease (with that token)
@@ -117,43 +113,85 @@ impl Store {
         ttl_ms: u64,
         expired: &[&str],
     ) -> Result<u64, StoreError> {
-        let mut txn = self.db.begin_write().map_err(db_err)?;
-        txn.set_durability(Durability::Immediate).map_err(db_err)?;
-        let token;
-        {
-            let mut meta = txn.open_table(META).map_err(db_err)?;
-            token = meta.get(NEXT_TOKEN).map_err(db_err)?.map(|v| v.value()).unwrap_or(1);
-            let next = token.checked_add(1).ok_or(StoreError::Exhausted)?;
-            meta.insert(NEXT_TOKEN, next).map_err(db_err)?;
-
-            let record = serde_json::to_vec(&StoredLease {
+        let record = |token| {
+            serde_json::to_vec(&StoredLease {
                 lease_id: lease_id.to_owned(),
                 holder: holder.to_owned(),
                 token,
                 ttl_ms,
             })
-            .map_err(|e| StoreError::Db(e.to_string()))?;
-            let mut leases = txn.open_table(LEASES).map_err(db_err)?;
-            for old in expired {
-                leases.remove(*old).map_err(db_err)?;
+        };
+        // Outer: the storage failed; inner: the counter is exhausted (nothing written).
+        let granted = self.db.run(|db| {
+            let mut txn = db.begin_write()?;
+            txn.set_durability(Durability::Immediate)?;
+            let token;
+            {
+                let mut meta = txn.open_table(META)?;
+                token = meta.get(NEXT_TOKEN)?.map(|v| v.value()).unwrap_or(1);
+                let Some(next) = token.checked_add(1) else {
+                    return Ok(Err(StoreError::Exhausted));
+                };
+                meta.insert(NEXT_TOKEN, next)?;
+                let record = match record(token) {
+                    Ok(record) => record,
+                    Err(e) => return Ok(Err(StoreError::Db(e.to_string()))),
+                };
+                let mut leases = txn.open_table(LEASES)?;
+                for old in expired {
+                    leases.remove(*old)?;
+                }
+                leases.insert(name, record.as_slice())?;
             }
-            leases.insert(name, record.as_slice()).map_err(db_err)?;
-        }
-        txn.commit().map_err(db_err)?;
-        Ok(token)
+            txn.commit()?;
+            Ok(Ok(token))
+        });
+        granted.map_err(db_err)?
     }
 
     /// Removes the grant of lock `name` (durably).
     pub(crate) fn remove(&self, name: &str) -> Result<(), StoreError> {
-        let mut txn = self.db.begin_write().map_err(db_err)?;
-        txn.set_durability(Durability::Immediate).map_err(db_err)?;
-        {
-            let mut leases = txn.open_table(LEASES).map_err(db_err)?;
-            leases.remove(name).map_err(db_err)?;
-        }
-        txn.commit().map_err(db_err)?;
-        Ok(())
+        self.db
+            .run(|db| {
+                let mut txn = db.begin_write()?;
+                txn.set_durability(Durability::Immediate)?;
+                txn.open_table(LEASES)?.remove(name)?;
+                Ok(txn.commit()?)
+            })
+            .map_err(db_err)
     }
+}
+
+/// Creates the tables, so that read transactions find them (a durable commit:
+/// a reopen whose disk still fails stops here).
+fn create_tables(db: &Database) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.set_durability(Durability::Immediate)?;
+    txn.open_table(META)?;
+    txn.open_table(LEASES)?;
+    Ok(txn.commit()?)
+}
+
+/// The next token to hand out.
+fn read_counter(db: &Database) -> Result<u64, redb::Error> {
+    let read = db.begin_read()?;
+    let next = read.open_table(META)?.get(NEXT_TOKEN)?.map(|v| v.value());
+    Ok(next.unwrap_or(1))
+}
+
+/// Every recorded grant; a record that does not parse is corruption.
+fn read_leases(db: &Database) -> Result<Vec<(String, StoredLease)>, redb::Error> {
+    let read = db.begin_read()?;
+    let table = read.open_table(LEASES)?;
+    let mut leases = Vec::new();
+    for row in table.iter()? {
+        let (name, value) = row?;
+        let lease: StoredLease = serde_json::from_slice(value.value()).map_err(|e| {
+            redb::Error::Corrupted(format!("corrupt lease record for {:?}: {e}", name.value()))
+        })?;
+        leases.push((name.value().to_owned(), lease));
+    }
+    Ok(leases)
 }
 
 fn io_err(dir: &Path, e: std::io::Error) -> StoreError {

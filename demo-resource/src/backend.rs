@@ -12,6 +12,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
+use fencing_layer::StorageFault;
 use fencing_postgres::FenceError;
 
 use crate::postgres::PgData;
@@ -31,8 +32,8 @@ pub(crate) enum Backend {
 pub(crate) enum DataError {
     /// redb: the token is below the highest one already written for the resource.
     Stale { presented: u64, highest: u64 },
-    /// redb failed.
-    Storage(redb::Error),
+    /// redb failed, or its file is closed after an I/O failure (being reopened).
+    Storage(StorageFault),
     /// The blocking task running a redb operation panicked.
     Task(tokio::task::JoinError),
     /// PostgreSQL refused (a stale token) or failed; answered as fencing-postgres does.

@@ -28,6 +28,7 @@ pub(crate) fn routes() -> Router<App> {
 pub(crate) fn finish(routes: Router<App>, app: App) -> Router {
     routes
         .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(crate::ready::readyz))
         .method_not_allowed_fallback(|| async {
             Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed")
                 .detail("this route does not accept that method")
@@ -156,6 +157,14 @@ impl From<DataError> for Response {
             // fencing-postgres's answers: the layer's 409 for a stale token, 503
             // with Retry-After when the database is away or the pool exhausted.
             DataError::Postgres(error) => error.into_response(),
+            // The disk failed: the file is being reopened (`GET /readyz` says when it is back).
+            DataError::Storage(fault) if fault.is_unavailable() => {
+                tracing::error!(%fault, "data store unavailable");
+                Problem::new(StatusCode::SERVICE_UNAVAILABLE, "store-unavailable", "Store unavailable")
+                    .detail(format!("the data store failed: {fault}"))
+                    .retry_after(1)
+                    .into_response()
+            }
             DataError::Storage(_) | DataError::Task(_) => Problem::internal(error).into_response(),
         }
     }

@@ -10,7 +10,8 @@
 //! | `PUT /kv/{key}` (fenced), body: UTF-8 text | 201 new, 200 replaced: `{"key","token"}` | as `POST /logs` |
 //! | `GET /kv/{key}` | 200 `{"key","token","value"}` | 404 unknown key |
 //! | `DELETE /kv/{key}` (fenced) | 204 | 404 unknown key; the layer's errors |
-//! | `GET /healthz` | 200 `ok` | |
+//! | `GET /healthz` | 200 `ok`: the process answers (liveness) | |
+//! | `GET /readyz` | 200 `ready`: the data and mark stores take writes (readiness) | 503 `not-ready` with `Retry-After` while a store is closed after a disk failure and not yet reopened |
 //! | `GET /metrics` | 200: the fencing layer's metrics (`layer="demo-resource"`) in Prometheus text; `serve` always, a library user through [`Resource::with_metrics`] | 404 without a handle |
 //!
 //! # Token authenticity
@@ -100,6 +101,7 @@ mod marks;
 mod metrics;
 pub mod payments;
 mod postgres;
+mod ready;
 pub mod scenario;
 mod store;
 pub mod timeline;
@@ -312,6 +314,8 @@ pub struct Resource {
 #[derive(Debug, Clone)]
 pub(crate) struct App {
     data: Backend,
+    /// The layer's marks, for `GET /readyz`.
+    marks: Option<MarkStore>,
     /// Resource path → how many writes are inside their handler.
     in_flight: Arc<watch::Sender<BTreeMap<String, usize>>>,
     /// Bumped by [`Resource::finish_delays`]: every `delay_ms` wait then ends.
@@ -432,6 +436,7 @@ impl Resource {
     fn new(data: Backend, marks: Option<MarkStore>, verifier: Option<Verifier>) -> Self {
         let app = App {
             data,
+            marks: marks.clone(),
             in_flight: Arc::new(watch::Sender::new(BTreeMap::new())),
             delays: Arc::new(watch::Sender::new(0)),
         };

@@ -10,9 +10,14 @@
 //! the layer already refuses stale tokens, and this second check is the
 //! `UPDATE … WHERE fence <= $token` a shared database would do. In one process it
 //! only matters if a stale write's handler was abandoned mid-commit.
+//!
+//! After a failed write or fsync the file is closed and reopened from disk
+//! ([`ReopeningDatabase`], whose docs say why): meanwhile every operation fails
+//! with a [`StorageFault`] that the routes answer with 503.
 
 use std::path::Path;
 
+use fencing_layer::{ReopeningDatabase, StorageFault};
 use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::Serialize;
@@ -36,51 +41,48 @@ pub struct Entry {
     pub value: String,
 }
 
-fn storage(error: impl Into<redb::Error>) -> DataError {
-    DataError::Storage(error.into())
-}
-
 /// The database handle.
 #[derive(Debug)]
 pub(crate) struct Data {
-    db: Database,
+    db: ReopeningDatabase,
 }
 
 impl Data {
-    /// Opens (or creates) the database file at `path`.
+    /// Opens (or creates) the database file at `path`; after an I/O failure it
+    /// is reopened the same way and its tables opened again.
     pub(crate) fn open(path: &Path) -> Result<Self, redb::Error> {
-        Self::init(Database::create(path)?)
+        let db = ReopeningDatabase::open(path, |path: &Path| Database::create(path), create_tables)?;
+        Ok(Self { db })
     }
 
     /// A database that lives in memory only (`--in-memory`).
     pub(crate) fn in_memory() -> Result<Self, redb::Error> {
-        Self::init(Database::builder().create_with_backend(InMemoryBackend::new())?)
+        let db = Database::builder().create_with_backend(InMemoryBackend::new())?;
+        create_tables(&db)?;
+        Ok(Self { db: ReopeningDatabase::fixed(db) })
     }
 
-    /// Creates the tables, so readers never meet a missing one.
-    fn init(db: Database) -> Result<Self, redb::Error> {
-        let txn = db.begin_write()?;
-        txn.open_table(LOGS)?;
-        txn.open_table(KV)?;
-        txn.open_table(FENCES)?;
-        txn.commit()?;
-        Ok(Self { db })
+    /// Whether the file is usable now (`GET /readyz`).
+    pub(crate) fn ready(&self) -> Result<(), StorageFault> {
+        self.db.ready()
     }
 
     /// Sets the data's own fence of `resource` to `to`, if it has one: the
     /// second half of a mark reset (see `marks::reset`). Returns the old fence.
-    pub(crate) fn reset_fence(&self, resource: &str, to: u64) -> Result<Option<u64>, redb::Error> {
-        let txn = self.db.begin_write()?;
-        let old = {
-            let mut fences = txn.open_table(FENCES)?;
-            let old = fences.get(resource)?.map(|fence| fence.value());
-            if old.is_some() {
-                fences.insert(resource, to)?;
-            }
-            old
-        };
-        txn.commit()?;
-        Ok(old)
+    pub(crate) fn reset_fence(&self, resource: &str, to: u64) -> Result<Option<u64>, StorageFault> {
+        self.db.run(|db| {
+            let txn = db.begin_write()?;
+            let old = {
+                let mut fences = txn.open_table(FENCES)?;
+                let old = fences.get(resource)?.map(|fence| fence.value());
+                if old.is_some() {
+                    fences.insert(resource, to)?;
+                }
+                old
+            };
+            txn.commit()?;
+            Ok(old)
+        })
     }
 
     /// Runs `change` in a write transaction after checking (and raising) the
@@ -91,23 +93,32 @@ impl Data {
         token: Option<u64>,
         change: impl FnOnce(&WriteTransaction) -> Result<T, redb::Error>,
     ) -> Result<T, DataError> {
-        let txn = self.db.begin_write().map_err(storage)?;
-        if let Some(token) = token {
-            let mut fences = txn.open_table(FENCES).map_err(storage)?;
-            let highest = fences.get(resource).map_err(storage)?.map(|fence| fence.value());
-            match highest {
-                Some(highest) if token < highest => {
-                    return Err(DataError::Stale { presented: token, highest });
-                }
-                Some(highest) if token == highest => {}
-                _ => {
-                    fences.insert(resource, token).map_err(storage)?;
+        // Outer: the storage failed; inner: the fence refused (nothing was written).
+        let written = self.db.run(|db| {
+            let txn = db.begin_write()?;
+            if let Some(token) = token {
+                let mut fences = txn.open_table(FENCES)?;
+                let highest = fences.get(resource)?.map(|fence| fence.value());
+                match highest {
+                    Some(highest) if token < highest => {
+                        return Ok(Err(DataError::Stale { presented: token, highest }));
+                    }
+                    Some(highest) if token == highest => {}
+                    _ => {
+                        fences.insert(resource, token)?;
+                    }
                 }
             }
-        }
-        let out = change(&txn).map_err(DataError::Storage)?;
-        txn.commit().map_err(storage)?;
-        Ok(out)
+            let out = change(&txn)?;
+            txn.commit()?;
+            Ok(Ok(out))
+        });
+        written.map_err(DataError::Storage)?
+    }
+
+    /// Runs a read.
+    fn read<T>(&self, read: impl FnOnce(&Database) -> Result<T, redb::Error>) -> Result<T, DataError> {
+        self.db.run(read).map_err(DataError::Storage)
     }
 
     /// Appends `value` to log `name`; returns its index (0 for the first entry).
@@ -131,17 +142,17 @@ impl Data {
 
     /// The entries of log `name` in append order, or `None` if nothing was ever appended.
     pub(crate) fn log(&self, name: &str) -> Result<Option<Vec<Entry>>, DataError> {
-        let txn = self.db.begin_read().map_err(storage)?;
-        let logs = txn.open_table(LOGS).map_err(storage)?;
-        let entries = logs
-            .range((name, 0)..=(name, u64::MAX))
-            .map_err(storage)?
-            .map(|row| {
-                let (_, value) = row.map_err(storage)?;
-                let (token, value) = value.value();
-                Ok(Entry { token, value: value.to_owned() })
-            })
-            .collect::<Result<Vec<_>, DataError>>()?;
+        let entries = self.read(|db| {
+            let txn = db.begin_read()?;
+            let logs = txn.open_table(LOGS)?;
+            logs.range((name, 0)..=(name, u64::MAX))?
+                .map(|row| {
+                    let (_, value) = row?;
+                    let (token, value) = value.value();
+                    Ok(Entry { token, value: value.to_owned() })
+                })
+                .collect::<Result<Vec<_>, redb::Error>>()
+        })?;
         Ok((!entries.is_empty()).then_some(entries))
     }
 
@@ -158,19 +169,31 @@ impl Data {
 
     /// The value of `key`, if set.
     pub(crate) fn get(&self, key: &str) -> Result<Option<Entry>, DataError> {
-        let txn = self.db.begin_read().map_err(storage)?;
-        let kv = txn.open_table(KV).map_err(storage)?;
-        let entry = kv.get(key).map_err(storage)?.map(|value| {
-            let (token, value) = value.value();
-            Entry { token, value: value.to_owned() }
-        });
-        Ok(entry)
+        self.read(|db| {
+            let txn = db.begin_read()?;
+            let kv = txn.open_table(KV)?;
+            let entry = kv.get(key)?.map(|value| {
+                let (token, value) = value.value();
+                Entry { token, value: value.to_owned() }
+            });
+            Ok(entry)
+        })
     }
 
     /// Removes `key`; returns whether it was set.
     pub(crate) fn delete(&self, resource: &str, key: &str, token: Option<u64>) -> Result<bool, DataError> {
         self.write(resource, token, |txn| Ok(txn.open_table(KV)?.remove(key)?.is_some()))
     }
+}
+
+/// Creates the tables, so readers never meet a missing one; a reopen runs it
+/// too, so a file that does not take a commit stays closed.
+fn create_tables(db: &Database) -> Result<(), redb::Error> {
+    let txn = db.begin_write()?;
+    txn.open_table(LOGS)?;
+    txn.open_table(KV)?;
+    txn.open_table(FENCES)?;
+    Ok(txn.commit()?)
 }
 
 #[cfg(test)]

@@ -240,12 +240,12 @@ pub use crate::proof::{Ed25519Verifier, FENCING_PROOF, KeyError, ProofPublicKey,
 pub use crate::rejection::Rejection;
 pub use crate::respond::{PROBLEM_TYPE_PREFIX, ProblemJson, RejectionResponder};
 pub use crate::service::Fencing;
-#[cfg(feature = "redb")]
-pub use crate::store::RedbMarkLog;
 pub use crate::store::{
     DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_KEYS, DEFAULT_WRITE_TIMEOUT, MarkLog, MarkStore, MarkStoreBuilder,
     SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError,
 };
+#[cfg(feature = "redb")]
+pub use crate::store::{REOPEN_INTERVAL, RedbMarkLog, ReopeningDatabase, StorageFault};
 pub use crate::token::{FencingToken, TokenError};
 pub use crate::verify::{
     DEFAULT_VERIFY_TIMEOUT, Raise, TokenVerifier, Verification, VerifyError, VerifyFn, verify_fn,

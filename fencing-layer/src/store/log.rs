@@ -52,6 +52,17 @@ pub trait MarkLog: Send + Sync + 'static {
             "this mark log cannot reset a mark",
         )))
     }
+
+    /// Whether the log can record now: what a readiness route answers. A log
+    /// that recovers from failures by itself (reopening a file, reconnecting)
+    /// may use this call to try. The default is always ready.
+    ///
+    /// # Errors
+    ///
+    /// Why raises would fail now.
+    fn ready(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }
 
 /// At most this many raises go into one write.

@@ -29,6 +29,8 @@ mod log;
 mod loom_model;
 #[cfg(feature = "redb")]
 mod redb;
+#[cfg(feature = "redb")]
+mod reopen;
 mod shared;
 pub(crate) mod sync;
 
@@ -46,6 +48,8 @@ use self::admission::{InsideGuard, KeyState, RecordDuty, ResetRefused};
 pub use self::log::MarkLog;
 #[cfg(feature = "redb")]
 pub use self::redb::RedbMarkLog;
+#[cfg(feature = "redb")]
+pub use self::reopen::{REOPEN_INTERVAL, ReopeningDatabase, StorageFault};
 pub use self::shared::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
 
 /// How many keys a store tracks unless told otherwise.
@@ -141,6 +145,21 @@ impl MarkStore {
     #[must_use]
     pub fn is_durable(&self) -> bool {
         self.table.durable.is_some()
+    }
+
+    /// Whether raises can be recorded now: always for a store in memory; for a
+    /// durable one, whether its log is usable (a redb log closed after an I/O
+    /// failure tries to reopen here). Known tokens are admitted either way;
+    /// what a readiness route answers.
+    ///
+    /// # Errors
+    ///
+    /// Why raises would get 503 now.
+    pub fn ready(&self) -> Result<(), StoreError> {
+        match &self.table.durable {
+            Some(durable) => durable.log.ready(),
+            None => Ok(()),
+        }
     }
 
     /// The highest token seen for `key`, if any request for it got this far:

@@ -1,0 +1,247 @@
+//! What the fault tests share (this crate's and demo-resource's, which includes
+//! this file by path): finding the tools, starting a service under one of them,
+//! switching libfiu failure points, moving a process's clock with libfaketime,
+//! and a small seeded random source.
+
+#![allow(dead_code)] // Each test file uses its own part.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether `tool` is on PATH. Missing: prints SKIPPED (and fails under `CI=true`).
+pub(crate) fn have(tool: &str, package: &str) -> bool {
+    let found = Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !found {
+        let message = format!("SKIPPED: `{tool}` is not installed (apt-get install {package})");
+        assert!(std::env::var("CI").as_deref() != Ok("true"), "{message}; CI=true requires it");
+        eprintln!("\n*** {message} ***\n");
+    }
+    found
+}
+
+/// How many fault rounds to run: `FENCING_FAULT_ROUNDS`, else `default`.
+pub(crate) fn rounds(default: usize) -> usize {
+    std::env::var("FENCING_FAULT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(default)
+}
+
+/// A disk fault libfiu injects: a failure point and the errno it sets.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DiskFault {
+    /// What the results table calls it.
+    pub(crate) name: &'static str,
+    /// The libfiu failure point.
+    pub(crate) point: &'static str,
+    /// The errno (`failinfo`), or 0 for the point's default.
+    pub(crate) errno: i32,
+}
+
+/// The faults switched on and off at random: failing fsync and fdatasync,
+/// failing writes (EIO, ENOSPC), short writes.
+pub(crate) const DISK_FAULTS: [DiskFault; 5] = [
+    DiskFault { name: "fsync EIO", point: "posix/io/sync/fsync", errno: 5 },
+    DiskFault { name: "fdatasync EIO", point: "posix/io/sync/fdatasync", errno: 5 },
+    DiskFault { name: "pwrite EIO", point: "posix/io/rw/pwrite", errno: 5 },
+    DiskFault { name: "pwrite ENOSPC", point: "posix/io/rw/pwrite", errno: 28 },
+    DiskFault { name: "short pwrite", point: "posix/io/rw/pwrite/reduce", errno: 0 },
+];
+
+/// A service process; killed with SIGKILL when dropped.
+pub(crate) struct Service {
+    child: Child,
+    /// `http://ADDR`.
+    pub(crate) url: String,
+    /// `fiu-run -f`'s base name: the process listens on `BASE-PID.in`.
+    fiu_base: Option<PathBuf>,
+}
+
+impl Service {
+    /// Starts `bin args…`, under `fiu-run -x` (remote control in `fiu_ctrl_dir`) if
+    /// given, and waits for its `listening on ADDR` line. Its log (stderr) goes to
+    /// `log` if given, else nowhere.
+    pub(crate) fn start(
+        bin: &str,
+        args: &[&str],
+        fiu_ctrl_dir: Option<&Path>,
+        env: &[(&str, String)],
+        log: Option<&Path>,
+    ) -> Self {
+        let mut command = match fiu_ctrl_dir {
+            Some(dir) => {
+                let mut command = Command::new("fiu-run");
+                command.arg("-x").arg("-f").arg(dir.join("fiu")).arg(bin);
+                command
+            }
+            None => Command::new(bin),
+        };
+        command.env("RUST_LOG", "warn").args(args).envs(env.iter().map(|(k, v)| (k, v)));
+        let stderr = log.map_or_else(Stdio::null, |log| std::fs::File::create(log).unwrap().into());
+        command.stdout(Stdio::piped()).stderr(stderr);
+        let mut child = command.spawn().expect("start the service");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line {line:?}"));
+        let url = format!("http://{addr}");
+        Self { child, url, fiu_base: fiu_ctrl_dir.map(|dir| dir.join("fiu")) }
+    }
+
+    /// The process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Enables `fault` in the running process (`fiu-ctrl -c 'enable …'`).
+    pub(crate) fn enable(&self, fault: DiskFault) {
+        let info = if fault.errno == 0 { String::new() } else { format!(",failinfo={}", fault.errno) };
+        self.fiu_ctrl(&format!("enable name={}{info}", fault.point));
+    }
+
+    /// Disables `fault`'s failure point.
+    pub(crate) fn disable(&self, fault: DiskFault) {
+        self.fiu_ctrl(&format!("disable name={}", fault.point));
+    }
+
+    fn fiu_ctrl(&self, command: &str) {
+        let base = self.fiu_base.as_ref().expect("started under fiu-run");
+        let status = Command::new("fiu-ctrl")
+            .arg("-f")
+            .arg(base)
+            .arg("-c")
+            .arg(command)
+            .arg(self.pid().to_string())
+            .status()
+            .expect("run fiu-ctrl");
+        assert!(status.success(), "fiu-ctrl -c {command:?} failed");
+    }
+
+    /// `kill -9` and reap.
+    pub(crate) fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A xorshift source, seeded from `FENCING_FAULT_SEED` or the clock (the seed is printed).
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    /// A new source; prints its seed so a run can be repeated.
+    pub(crate) fn new() -> Self {
+        let seed: u64 =
+            std::env::var("FENCING_FAULT_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .unwrap()
+                    .subsec_nanos()
+                    .into()
+            });
+        eprintln!("FENCING_FAULT_SEED={seed}");
+        Self(seed | 1)
+    }
+
+    /// A number in `0..n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % n
+    }
+
+    /// A duration between `lo` and `hi` milliseconds.
+    pub(crate) fn millis(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.below(hi - lo + 1))
+    }
+}
+
+/// Polls `probe` every 10 ms until it answers true; how long that took
+/// (panics after `limit`: the service did not recover).
+pub(crate) async fn until<F, Fut>(limit: Duration, what: &str, mut probe: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if probe().await {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < limit, "{what}: not within {limit:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// libfaketime (Debian's `faketime` package) driven through a timestamp file, so
+/// the clock of a running process can be stepped and sped up: `set("-1h")`,
+/// `set("+0 x10")`. The `faketime` command fixes its spec at start, so the
+/// library is preloaded directly, as `faketime` itself does.
+pub(crate) struct FakeClock {
+    library: PathBuf,
+    spec: PathBuf,
+}
+
+/// How long a process may take to see a new spec: it reads the file at every
+/// clock call (`FAKETIME_NO_CACHE=1`; libfaketime's cache counts whole seconds).
+pub(crate) const FAKETIME_SEEN_WITHIN: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl FakeClock {
+    /// The library and a spec file (`+0`: the real time) in `dir`; `None` (and
+    /// SKIPPED, or a failure under `CI=true`) without the `faketime` package.
+    pub(crate) fn new(dir: &Path) -> Option<Self> {
+        if !have("faketime", "faketime") {
+            return None;
+        }
+        let library = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib"]
+            .iter()
+            .map(|lib| Path::new(lib).join("faketime/libfaketimeMT.so.1"))
+            .find(|path| path.is_file())
+            .expect("the faketime package's libfaketimeMT.so.1");
+        let clock = Self { library, spec: dir.join("faketime-spec") };
+        clock.set("+0");
+        Some(clock)
+    }
+
+    /// Moves the clock: a libfaketime spec (`-1h`, `+1h`, `+0 x2`, `+0 x0.5`), seen by
+    /// the process at its next clock call.
+    pub(crate) fn set(&self, spec: &str) {
+        std::fs::write(&self.spec, format!("{spec}\n")).unwrap();
+    }
+
+    /// The environment of a process on this clock: the wall clock only
+    /// (`FAKETIME_DONT_FAKE_MONOTONIC=1`), or the monotonic clock too.
+    pub(crate) fn env(&self, wall_only: bool) -> Vec<(&'static str, String)> {
+        let mut env = vec![
+            ("LD_PRELOAD", self.library.display().to_string()),
+            ("FAKETIME_TIMESTAMP_FILE", self.spec.display().to_string()),
+            ("FAKETIME_NO_CACHE", "1".into()),
+        ];
+        if wall_only {
+            env.push(("FAKETIME_DONT_FAKE_MONOTONIC", "1".into()));
+        }
+        env
+    }
+}
+
+/// Seconds between the wall clock a log line's timestamp shows
+/// (`2026-12-01T18:12:06.123Z …`) and this process's, within a day: how far the
+/// service's wall clock was moved.
+pub(crate) fn log_offset_secs(line: &str) -> i64 {
+    let time = line.split('T').nth(1).and_then(|t| t.get(..8)).unwrap_or_else(|| panic!("log line {line:?}"));
+    let parts: Vec<i64> = time.split(':').map(|p| p.parse().unwrap()).collect();
+    let theirs = parts[0] * 3600 + parts[1] * 60 + parts[2];
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let ours = i64::try_from(now % 86_400).unwrap();
+    let diff = (theirs - ours).rem_euclid(86_400);
+    if diff > 43_200 { diff - 86_400 } else { diff }
+}

@@ -15,7 +15,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::routing::put;
 use demo_lock_service::{Config, LockService};
-use fencing_client::{DemoLockClient, LeaseOptions};
+use fencing_client::{DemoLockClient, LeaseOptions, LockBackendExt};
 use fencing_layer::{FencingLayer, FencingToken};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;

@@ -23,7 +23,7 @@
 //! not checked. The check runs when a connection opens; a server reconfigured
 //! later is seen by the connections opened after.
 //!
-//! [`pool`](crate::pool) installs [`durability_hook`] unless
+//! [`pool()`](crate::pool()) installs [`durability_hook`] unless
 //! [`PoolLimits::accept_volatile_commits`](crate::PoolLimits::accept_volatile_commits)
 //! says otherwise; a pool of your own can install it too:
 //!

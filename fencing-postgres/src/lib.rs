@@ -175,7 +175,7 @@
 //! # Crashes and failover
 //!
 //! A mark holds only if no later primary can forget it. Each connection that
-//! [`pool`] opens asks the server first and is refused when it could lose an
+//! [`pool()`] opens asks the server first and is refused when it could lose an
 //! acknowledged commit: `synchronous_commit = off`, or a standby streaming
 //! asynchronously, which a failover would promote without the last raises
 //! ([`durability`] has the list; [`PoolLimits::accept_volatile_commits`] opts out).

@@ -36,7 +36,7 @@
 //! use std::convert::Infallible;
 //! use std::time::Duration;
 //!
-//! use fencing_client::{DemoLockClient, FencedClientError, LossReason};
+//! use fencing_client::{DemoLockClient, FencedClientError, LockBackendExt, LossReason};
 //! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 //!
 //! // The demo lock service, in process on a loopback port.

@@ -3,8 +3,8 @@
 # each mutant, and fails unless the checker catches every one: finds a state
 # that breaks invariant 2, and prints the shortest path to it.
 #
-#   fencing-layer/claims-mutants.sh            # all mutants
-#   fencing-layer/claims-mutants.sh cancel     # the ones whose name contains "cancel"
+#   fencing-layer/claims-model/claims-mutants.sh            # all mutants
+#   fencing-layer/claims-model/claims-mutants.sh cancel     # the ones whose name contains "cancel"
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -14,7 +14,7 @@ mutants=(
   drift-at-margin      # clocks drift by as much as the margin (the assumption, shown to be needed)
 )
 
-cargo build -q -p fencing-layer --release --test claims_model
+cargo build -q -p fencing-claims-model --release --test claims_model
 
 caught=0 missed=()
 for name in "${mutants[@]}"; do
@@ -22,7 +22,7 @@ for name in "${mutants[@]}"; do
   for replicas in two three; do
     log=$(mktemp)
     # The test passes only if the mutant is caught (see the module docs).
-    if CLAIMS_MUTANT=$name cargo test -q -p fencing-layer --release --test claims_model \
+    if CLAIMS_MUTANT=$name cargo test -q -p fencing-claims-model --release --test claims_model \
       -- --exact "${replicas}_replicas" --nocapture >"$log" 2>&1; then
       found=$(grep -oE 'counterexample of [0-9]+ steps' "$log")
       states=$(grep -oE '[0-9]+ states \([0-9]+ unique\)' "$log")

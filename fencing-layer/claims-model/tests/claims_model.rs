@@ -10,9 +10,9 @@
 //! steps.
 //!
 //! ```sh
-//! cargo test -p fencing-layer --release --test claims_model -- --nocapture
+//! cargo test -p fencing-claims-model --release --test claims_model -- --nocapture
 //! CLAIMS_STEPS=14 cargo test ...   # another bound (0: none; 2 replicas then ran past 3 min and 6 GB)
-//! fencing-layer/claims-mutants.sh  # each mutant below must be caught
+//! fencing-layer/claims-model/claims-mutants.sh  # each mutant below must be caught
 //! ```
 //!
 //! **Invariant 2**, checked in every state reached: while a request with
@@ -828,7 +828,7 @@ fn check(replicas: usize, steps: usize) {
 #[test]
 #[cfg_attr(
     debug_assertions,
-    ignore = "release only: cargo test -p fencing-layer --release --test claims_model"
+    ignore = "release only: cargo test -p fencing-claims-model --release --test claims_model"
 )]
 fn two_replicas() {
     check(2, 12);
@@ -837,7 +837,7 @@ fn two_replicas() {
 #[test]
 #[cfg_attr(
     debug_assertions,
-    ignore = "release only: cargo test -p fencing-layer --release --test claims_model"
+    ignore = "release only: cargo test -p fencing-claims-model --release --test claims_model"
 )]
 fn three_replicas() {
     check(3, 8);

@@ -111,8 +111,6 @@
 //! - `drift-at-margin`: the clocks may drift by as much as the margin (the
 //!   assumption the proof needs, shown to be needed).
 
-#![cfg(not(loom))]
-
 use std::time::Instant;
 
 use stateright::{Checker, HasDiscoveries, Model, Property};

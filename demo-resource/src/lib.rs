@@ -187,6 +187,12 @@ pub struct Config {
     /// when `url` goes through a transaction-pooling PgBouncer, which cannot
     /// carry `LISTEN`. The tests give it a route of its own to cut.
     pub claims_session_url: Option<String>,
+    /// With PostgreSQL: serve from a server that could lose an acknowledged
+    /// commit in a crash or failover (`synchronous_commit = off`, an
+    /// asynchronous standby), which is refused otherwise: a mark raised there
+    /// can come back lower (`fencing_postgres::durability`,
+    /// `--accept-volatile-commits`).
+    pub accept_volatile_commits: bool,
 }
 
 impl Config {
@@ -198,6 +204,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            accept_volatile_commits: false,
         }
     }
 
@@ -209,6 +216,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            accept_volatile_commits: false,
         }
     }
 
@@ -220,6 +228,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            accept_volatile_commits: false,
         }
     }
 
@@ -416,7 +425,7 @@ impl Resource {
         let verifier = config.verifier()?;
         let shared_marks = config.fencing && *shared_marks;
         let fence_in_transaction = config.fencing && *fence_in_transaction && !shared_marks;
-        let data = PgData::connect(url, fence_in_transaction)
+        let data = PgData::connect(url, fence_in_transaction, config.accept_volatile_commits)
             .await
             .map_err(|e| OpenError(format!("postgres: {e}")))?;
         let shared = match shared_marks {

@@ -217,6 +217,11 @@ struct Serve {
     /// not fenced in their transactions. See docs/replicas.md.
     #[arg(long, requires = "postgres", conflicts_with_all = ["local_marks", "no_fencing", "in_memory", "data_dir"])]
     shared_marks: bool,
+    /// With --postgres: serve even from a server that could lose an acknowledged commit
+    /// in a crash or failover (`synchronous_commit = off`, an asynchronous standby).
+    /// Refused without it: a mark raised there can come back lower.
+    #[arg(long, requires = "postgres")]
+    accept_volatile_commits: bool,
     /// The lock service's public key (one line of URL-safe base64): a token may raise a
     /// mark only with a valid `Fencing-Proof` for its path's lock, else 403.
     #[arg(long, value_name = "FILE", conflicts_with = "no_fencing")]
@@ -296,6 +301,7 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            accept_volatile_commits: args.accept_volatile_commits,
         },
         None if args.in_memory => Config::in_memory(),
         None => Config::durable(&args.data_dir),

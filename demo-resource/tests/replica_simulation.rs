@@ -300,6 +300,7 @@ async fn run_seed(seed: u64, mode: Mode) -> Option<SeedResult> {
             verify_key: None,
             claim_timing: Some(CLAIMS),
             claims_session_url: session,
+            accept_volatile_commits: false,
         };
         let resource = Resource::connect(config).await.unwrap();
         running.push(resource.spawn("127.0.0.1:0".parse().unwrap()).await.unwrap());

@@ -447,3 +447,31 @@ fn local_marks_needs_postgres() {
         assert!(stderr.contains("--local-marks") || stderr.contains("--postgres"), "{stderr}");
     }
 }
+
+/// A server that could lose an acknowledged commit is refused with the flag that accepts it
+/// named; with `--accept-volatile-commits` it is served. The session here turns
+/// `synchronous_commit` off through the URL (the shared server is not changed): a crash could
+/// then take back a raised mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_could_lose_a_commit_is_refused_unless_accepted() {
+    let Some(db) = TestDb::create().await else { return };
+    let volatile = format!("{}&options=-c%20synchronous_commit%3Doff", db.url());
+    let refused = Command::new(env!("CARGO_BIN_EXE_demo-resource"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--postgres", &volatile])
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("synchronous_commit") && stderr.contains("--accept-volatile-commits"),
+        "{stderr}"
+    );
+
+    let mut command = Command::new(env!("CARGO_BIN_EXE_demo-resource"));
+    command.args(["serve", "--listen", "127.0.0.1:0", "--postgres", &volatile, "--accept-volatile-commits"]);
+    let accepted = ChildServer::spawn(command.env("RUST_LOG", "error").stderr(Stdio::inherit())).ready();
+    let http = client();
+    assert_eq!(append(&http, &accepted, "/logs/volatile", 3, "served").await.0, 201);
+    assert_eq!(append(&http, &accepted, "/logs/volatile", 2, "stale").await.0, 409);
+}

@@ -17,8 +17,9 @@ use test_support::{Proxy, TestDb, skip};
 use tokio::time::sleep;
 use tokio_postgres::NoTls;
 
-use crate::common::{cancelled_at, lost_by_its_deadline};
+use crate::common::{cancelled_at, fenced_resource, lost_by_its_deadline, write_doc};
 use crate::conformance::{Backend, Restartable};
+use crate::fault_tools::{FAKETIME_SEEN_WITHIN, FakeClock};
 
 /// A migrated client of the test's database.
 async fn client(db: &TestDb) -> PgLockClient {
@@ -182,12 +183,86 @@ async fn bad_input_and_a_missing_table_are_clear_errors() {
 
 // ---------- a PostgreSQL cluster of the test's own, to kill -9 ----------
 
+/// The boundary of `PgLockClient`'s clock: expiry is decided by the database
+/// server's wall clock (`clock_timestamp()`), never by a client's. A PostgreSQL of
+/// the test's own under libfaketime (wall clock only), the clock moved while leases
+/// are held (RELIABILITY.md §29):
+/// * **+1 h**: a 60 s lease ends at once on the server although its holder still
+///   trusts it; the next holder gets a higher token, the old holder's write is
+///   refused (409) and its keeper is cancelled at its next renewal.
+/// * **−1 h**: a 1 s lease lives an hour longer: nobody else gets the lock after
+///   its TTL (the cost of trusting one clock; a released lease is free at once).
+/// * Tokens keep increasing through both moves and a `kill -9` restart an hour back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_clock_decides_expiry_and_tokens_ignore_it() {
+    let Some(mut cluster) = Cluster::init() else { return };
+    // In the cluster's directory: the postgres user must read the spec file.
+    let Some(clock) = FakeClock::new(cluster.dir.path()) else { return };
+    cluster.env = clock.env(true);
+    cluster.start().await;
+    let locks = PgLockClient::connect(&cluster.url()).unwrap();
+    locks.migrate().await.unwrap();
+    let (resource, _docs) = fenced_resource().await;
+
+    // Forward an hour: the server ends a 60 s lease at once.
+    let options = LeaseOptions::default().renew_every(Duration::from_millis(300));
+    let a = locks.lease_with("job", "client-a", Duration::from_secs(60), options).await.unwrap();
+    assert_eq!(write_doc(&resource, "job", a.token(), "a").await, 200);
+    clock.set("+1h");
+    sleep(FAKETIME_SEEN_WITHIN).await;
+    let b = locks
+        .acquire("job", "client-b", Duration::from_secs(60))
+        .await
+        .expect("granted at once: a's lease ended");
+    assert!(b.token > a.token(), "{} after {}", b.token, a.token());
+    assert_eq!(write_doc(&resource, "job", b.token, "b").await, 200);
+    assert_eq!(write_doc(&resource, "job", a.token(), "a, late").await, 409, "the old holder fenced");
+    cancelled_at(&a, Duration::from_secs(3)).await;
+    assert_eq!(a.loss_reason(), Some(LossReason::RenewalFailed(LockError::LeaseNotFound)));
+    locks.release(&b).await.unwrap();
+
+    // Back an hour: a 1 s lease granted before the step lives an hour longer.
+    clock.set("+0");
+    sleep(FAKETIME_SEEN_WITHIN).await;
+    let c = locks.acquire("job", "client-c", Duration::from_secs(1)).await.unwrap();
+    assert!(c.token > b.token);
+    clock.set("-1h");
+    sleep(Duration::from_millis(1500)).await; // past its TTL in real time
+    let held = locks.acquire("job", "client-d", Duration::from_secs(1)).await;
+    assert!(matches!(held, Err(LockError::Held { .. })), "{held:?}");
+    let status = locks.lock_status("job").await.unwrap().expect("c still holds it on the server");
+    assert!(status.expires_in > Duration::from_secs(3_500), "{status:?}");
+    locks.release(&c).await.unwrap();
+    let d = locks.acquire("job", "client-d", Duration::from_secs(1)).await.unwrap();
+    assert!(d.token > c.token);
+
+    // kill -9 and a restart with the server's clock still an hour back.
+    cluster.kill();
+    cluster.start().await;
+    let e = locks.acquire("after-restart", "client-e", Duration::from_secs(1)).await.unwrap();
+    assert!(e.token > d.token, "{} after {}", e.token, d.token);
+    eprintln!(
+        "PgLockClient, server clock +1h: a 60 s lease ended at once (token {} fenced by {}); -1h: a 1 s lease \
+         had {:?} left after 1.5 s; tokens {} < {} < {} < {} < {} across the moves and a kill -9 restart",
+        a.token(),
+        b.token,
+        status.expires_in,
+        a.token(),
+        b.token,
+        c.token,
+        d.token,
+        e.token
+    );
+}
+
 struct Cluster {
     bin: PathBuf,
     dir: tempfile::TempDir,
     port: u16,
     child: Option<Child>,
     owner: Option<(u32, u32)>,
+    /// Extra environment of the server (libfaketime's, for the clock test).
+    env: Vec<(&'static str, String)>,
 }
 
 impl Drop for Cluster {
@@ -218,7 +293,7 @@ impl Cluster {
             .status()
             .unwrap();
         assert!(status.success(), "initdb failed");
-        Some(Cluster { bin, dir, port: test_support::free_port(), child: None, owner })
+        Some(Cluster { bin, dir, port: test_support::free_port(), child: None, owner, env: Vec::new() })
     }
 
     fn url(&self) -> String {
@@ -234,6 +309,7 @@ impl Cluster {
                 .arg(self.dir.path().join("data"))
                 .args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1"])
                 .args(["-c", "unix_socket_directories=", "-c", "fsync=on"])
+                .envs(self.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(log)

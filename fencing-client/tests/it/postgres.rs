@@ -134,6 +134,38 @@ async fn unreachable_database_cancels_the_handle_by_its_deadline() {
     lost_by_its_deadline(&lease).await;
 }
 
+/// A session that commits without waiting for its WAL (`synchronous_commit = off`): a crash
+/// could take grants back, so tokens could repeat.
+fn volatile_url(db: &TestDb) -> String {
+    format!("{}&options=-c%20synchronous_commit%3Doff", db.url())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_could_lose_grants_is_refused_with_the_way_out() {
+    let Some(db) = TestDb::create().await else { return };
+    let locks = PgLockClient::connect(&volatile_url(&db)).unwrap();
+    for refused in [locks.check_durability().await, locks.migrate().await] {
+        match refused {
+            Err(LockError::NotDurable(e)) => assert!(
+                e.contains("synchronous_commit is off") && e.contains("accept_volatile_counter(true)"),
+                "{e}"
+            ),
+            other => panic!("expected NotDurable, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_volatile_counter_takes_a_server_that_could_lose_grants() {
+    let Some(db) = TestDb::create().await else { return };
+    let locks = PgLockClient::connect(&volatile_url(&db)).unwrap().accept_volatile_counter(true);
+    locks.migrate().await.unwrap();
+    let grant = locks.acquire("report", "a", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(grant.token, 1);
+    // Asked directly, the server is still what it is.
+    assert!(matches!(locks.check_durability().await, Err(LockError::NotDurable(_))));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_and_a_missing_table_are_clear_errors() {
     let Some(db) = TestDb::create().await else { return };

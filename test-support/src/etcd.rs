@@ -27,7 +27,8 @@ impl Drop for Etcd {
 impl Etcd {
     /// Starts etcd and waits (at most 20 s a try) until it is healthy.
     pub async fn start() -> Option<Etcd> {
-        let bin = binary_or_skip("ETCD_BIN", "etcd", "etcd not installed (put `etcd` on PATH or set ETCD_BIN)")?;
+        let bin =
+            binary_or_skip("ETCD_BIN", "etcd", "etcd not installed (put `etcd` on PATH or set ETCD_BIN)")?;
         // A port picked by binding :0 can be taken again before etcd binds it: retry with new ports.
         for attempt in 1..=3 {
             let dir = tempfile::tempdir().unwrap();
@@ -60,7 +61,8 @@ impl Etcd {
     /// Polls until `/health` says it serves (it has a leader and answers reads);
     /// false if it exited or never did.
     async fn wait_ready(&mut self, port: u16) -> bool {
-        let (within, per_try, pause) = (Duration::from_secs(20), Duration::from_millis(500), Duration::from_millis(100));
+        let (within, per_try, pause) =
+            (Duration::from_secs(20), Duration::from_millis(500), Duration::from_millis(100));
         wait_until_serving(&mut self.child, within, per_try, pause, || healthy(port)).await
     }
 

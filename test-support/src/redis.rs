@@ -84,7 +84,8 @@ impl Redis {
 
     /// Polls (at most 5 s) until the server answers `PING` with `+PONG`.
     async fn ready(&mut self) -> bool {
-        let (within, per_try, pause) = (Duration::from_secs(5), Duration::from_millis(500), Duration::from_millis(50));
+        let (within, per_try, pause) =
+            (Duration::from_secs(5), Duration::from_millis(500), Duration::from_millis(50));
         let port = self.port;
         wait_until_serving(&mut self.child, within, per_try, pause, || ping(port)).await
     }

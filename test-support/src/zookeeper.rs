@@ -89,7 +89,8 @@ impl ZooKeeper {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let (within, per_try, pause) = (Duration::from_secs(60), Duration::from_secs(2), Duration::from_millis(100));
+        let (within, per_try, pause) =
+            (Duration::from_secs(60), Duration::from_secs(2), Duration::from_millis(100));
         let port = self.port;
         let serves = wait_until_serving(&mut self.child, within, per_try, pause, || serving(port)).await;
         if !serves {

@@ -97,8 +97,12 @@ impl Targets {
     /// `--url` (and `--baseline-url`), or the two in-process stand-ins.
     fn start(args: &Args) -> Result<Self, Box<dyn std::error::Error>> {
         if let Some(url) = &args.url {
-            let list =
-                Target::from_urls(url, args.baseline_url.as_deref(), args.path.as_deref(), args.default_path())?;
+            let list = Target::from_urls(
+                url,
+                args.baseline_url.as_deref(),
+                args.path.as_deref(),
+                args.default_path(),
+            )?;
             return Ok(Targets { list, server_runtime: None });
         }
         let runtime = runtime(args.server_threads, "server")?;
@@ -120,7 +124,11 @@ impl Targets {
 /// A multi-threaded runtime whose threads are named `name` (the in-process servers'
 /// CPU time is measured by that name).
 fn runtime(threads: u32, name: &str) -> std::io::Result<Runtime> {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(threads as usize).thread_name(name).enable_all().build()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads as usize)
+        .thread_name(name)
+        .enable_all()
+        .build()
 }
 
 /// Every round of every target, announced on stderr first.

@@ -4,8 +4,8 @@ use serde::Serialize;
 
 use crate::load::args::Args;
 use crate::load::compare::Measured;
-use crate::load::runner::Plan;
 use crate::load::report;
+use crate::load::runner::Plan;
 
 /// The JSON file of `--json`.
 #[derive(Debug, Serialize)]
@@ -38,7 +38,13 @@ impl<'a> JsonReport<'a> {
     /// The report of a run of `plan` from `args`; `in_process`: the targets were the
     /// in-process stand-ins (then `server_threads` is reported).
     #[must_use]
-    pub fn new(args: &Args, plan: &'a Plan, in_process: bool, measured: &'a Measured, violations: &'a [String]) -> Self {
+    pub fn new(
+        args: &Args,
+        plan: &'a Plan,
+        in_process: bool,
+        measured: &'a Measured,
+        violations: &'a [String],
+    ) -> Self {
         let outcome = &measured.outcome;
         JsonReport {
             connections: args.connections,

@@ -30,7 +30,7 @@
 //!   memory and on disk) by later grants, oldest expiry first, so their slots are
 //!   reused; released leases are forgotten at once.
 //!
-//! * Expiry is decided on tokio's monotonic [`Instant`] (so tests can pause time).
+//! * Expiry is decided on tokio's monotonic [`Instant`](tokio::time::Instant) (so tests can pause time).
 //! * Tokens come from one counter in a redb file; a grant (new counter value and the
 //!   lease record) is fsync'd before the grant is answered, so tokens never repeat or
 //!   go down, across restarts and `kill -9`.

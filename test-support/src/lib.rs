@@ -1,9 +1,9 @@
 //! What the workspace's tests share, written once: the loud skip, free ports,
 //! throwaway servers (Redis, etcd, ZooKeeper) on ephemeral loopback ports, a
-//! throwaway database on the shared PostgreSQL and a PostgreSQL server of the test's
-//! own ([`OwnPg`]; feature `postgres`), and TCP
-//! proxies that can stop answering ([`Proxy`]) or stall and sever ([`StallProxy`]),
-//! and the workspace's own server binaries as child processes ([`ChildServer`]).
+//! throwaway database on the shared PostgreSQL and a PostgreSQL server of the
+//! test's own (`TestDb`, `OwnPg`: feature `postgres`), TCP proxies that can stop
+//! answering ([`Proxy`]) or stall and sever ([`StallProxy`]), and the workspace's
+//! own server binaries as child processes ([`ChildServer`]).
 //!
 //! A dev-dependency only (`publish = false`). Every server lives in a temporary
 //! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle

@@ -137,7 +137,7 @@ impl<B> KeyExtractor<B> for PathParamKey {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

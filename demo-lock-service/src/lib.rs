@@ -56,6 +56,7 @@
 //! ```
 
 mod answers;
+mod clock;
 mod config;
 mod error;
 mod http;

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use crate::clock::Clock;
 use crate::store::{Store, StoreError};
 use crate::table::{CENTURY, LeaseId, Live, Table, expiry, format_lease_id, new_lease_id, parse_lease_id};
 use crate::{AcquireError, Config, Grant, LockStatus, OpenError, Renewal, StorageError, TokenCheck, metrics};
@@ -30,6 +31,8 @@ pub(crate) struct Inner {
     /// `None` once [`LockService::close`] ran.
     pub(crate) writer: Mutex<Option<Store>>,
     pub(crate) table: Mutex<Table>,
+    /// Expiry is decided on this clock: monotonic, and never back (see [`Clock`]).
+    pub(crate) clock: Clock,
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -50,7 +53,8 @@ impl LockService {
     /// or another process) has the same data directory open.
     pub fn open(config: Config) -> Result<Self, OpenError> {
         let loaded = Store::open(&config.data_dir).map_err(|e| OpenError(e.to_string()))?;
-        let now = Instant::now();
+        let clock = Clock::default();
+        let now = clock.now();
         let mut table = Table::default();
         for (name, lease) in loaded.leases {
             let Some(lease_id) = parse_lease_id(&lease.lease_id) else {
@@ -80,6 +84,7 @@ impl LockService {
                 config,
                 writer: Mutex::new(Some(loaded.store)),
                 table: Mutex::new(table),
+                clock,
             }),
         })
     }
@@ -96,7 +101,7 @@ impl LockService {
     /// returns. Concurrent calls for the same free lock: exactly one succeeds.
     pub async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, AcquireError> {
         self.validate(name, holder, ttl)?;
-        let now = Instant::now();
+        let now = self.inner.clock.now();
         let inner = Arc::clone(&self.inner);
         let (name, holder) = (name.to_owned(), holder.to_owned());
         // A blocking task runs to completion even if the caller goes away, so memory
@@ -120,7 +125,7 @@ impl LockService {
     /// is expired, released, replaced or unknown. No disk I/O.
     pub fn keepalive(&self, lease_id: &str) -> Option<Renewal> {
         let id = parse_lease_id(lease_id)?;
-        let now = Instant::now();
+        let now = self.inner.clock.now();
         let mut table = lock(&self.inner.table);
         let name = Arc::clone(table.by_id.get(&id)?);
         let live = table.by_name.get(&name)?;
@@ -140,7 +145,7 @@ impl LockService {
         let Some(lease_id) = parse_lease_id(lease_id) else {
             return Ok(false);
         };
-        let now = Instant::now();
+        let now = self.inner.clock.now();
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || inner.release_blocking(now, lease_id))
             .await
@@ -165,7 +170,7 @@ impl LockService {
 
     /// The current holder of lock `name`, or `None` if it is free.
     pub fn lock_status(&self, name: &str) -> Option<LockStatus> {
-        let now = Instant::now();
+        let now = self.inner.clock.now();
         let table = lock(&self.inner.table);
         let live = table.by_name.get(name)?;
         if live.expires <= now {
@@ -185,7 +190,7 @@ impl LockService {
     /// lapsed may not raise a mark either. (A stale token is refused by the
     /// resource's own mark; it never needs asking.) No disk I/O.
     pub fn check_token(&self, name: &str, token: u64) -> TokenCheck {
-        let now = Instant::now();
+        let now = self.inner.clock.now();
         let table = lock(&self.inner.table);
         match table.by_name.get(name) {
             Some(live) if live.expires > now && live.token == token => {

@@ -9,8 +9,9 @@
 //!   no lease protocol can see through. Stepped forward an hour, the held lease
 //!   ends at once (early); a second holder gets a higher token, and a fenced
 //!   resource refuses the first holder's writes: the fencing token is what keeps
-//!   the resource safe. Stepped back, the new lease's expiry moves an hour away
-//!   (lives long: the lock stays taken, nobody else is granted it). Linux's
+//!   the resource safe. Stepped back, the service's clock does not follow (it
+//!   carries on from the latest time it showed, `src/clock.rs`): leases keep
+//!   their TTL of real time instead of living an hour longer. Linux's
 //!   `CLOCK_MONOTONIC` never steps, so only this tool brings the second case.
 
 mod fault_tools;
@@ -177,17 +178,28 @@ async fn a_monotonic_clock_jump_in_the_lock_service_is_caught_by_the_fencing_tok
         "both clocks +1h: a {ttl:?} lease ended after {lived:?}; token {token_b} granted, {token_a} refused (409)"
     );
 
-    // Both clocks back to real time (an hour back): B's lease now ends an hour later.
+    // Both clocks back to real time (an hour back): the service's clock does not go back with
+    // them (it carries on from the latest time it showed), so B's lease keeps its real TTL.
     clock.set("+0");
     tokio::time::sleep(FAKETIME_SEEN_WITHIN).await;
     let (status, held) = client.lock("jump").await;
     assert_eq!(status, 200);
     let left = Duration::from_millis(held["expires_in_ms"].as_u64().unwrap());
-    assert!(left > Duration::from_secs(3000), "B's lease should now end about an hour late: {left:?} left");
+    assert!(left <= ttl, "B's lease lives long after the clock stepped back: {left:?} left of {ttl:?}");
     let refused = client
         .http
         .post(format!("{}/v1/leases", client.url))
         .json(&json!({"name": "jump", "holder": "c", "ttl_ms": 1000}));
-    assert_eq!(refused.send().await.unwrap().status(), 409, "nobody else is granted the lock meanwhile");
-    eprintln!("both clocks back 1h: the {ttl:?} lease has {left:?} left (lives long); others get 409");
+    assert_eq!(refused.send().await.unwrap().status(), 409, "B still holds it");
+    // A short lease granted after the step ends after its TTL of real time, not an hour late.
+    let short = Duration::from_millis(1500);
+    let d = client.acquire("short", "d", short).await;
+    assert!(d["token"].as_u64().unwrap() > token_b);
+    let start = Instant::now();
+    let lived = client.until_free("short", start, Duration::from_secs(5)).await;
+    assert!(lived >= short - LATE && lived <= short + LATE, "a {short:?} lease lived {lived:?}");
+    eprintln!(
+        "both clocks back 1h: the {ttl:?} lease has {left:?} left (not an hour more); others get 409; a {short:?} \
+         lease granted after the step lived {lived:?}"
+    );
 }

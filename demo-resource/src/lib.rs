@@ -481,7 +481,7 @@ impl Resource {
             // so unknown routes are 404 without touching the key table. On the `Router` it
             // would also fence each route's 405 fallback, but `http::finish` replaces those
             // fallbacks afterwards (`method_not_allowed_fallback`), so a wrong method moves
-            // no mark (tests/routes.rs: `unknown_routes_and_methods_never_touch_the_marks`).
+            // no mark (tests/it/routes.rs: `unknown_routes_and_methods_never_touch_the_marks`).
             Some(marks) => {
                 let layer = FencingLayer::new().store(marks.clone()).metrics_label("demo-resource");
                 let layer = match &self.shared {

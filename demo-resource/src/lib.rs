@@ -102,6 +102,7 @@ mod metrics;
 pub mod payments;
 mod postgres;
 mod ready;
+mod running;
 pub mod scenario;
 mod store;
 pub mod timeline;
@@ -118,12 +119,12 @@ use fencing_layer::claims::ClaimTiming;
 use fencing_layer::{Ed25519Verifier, FencingLayer, MarkStore, ProofPublicKey, TokenVerifier};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch};
-use tokio::task::JoinHandle;
+use tokio::sync::watch;
 
 use crate::backend::Backend;
 pub use crate::marks::{OpenMarksError, ResetError, StoppedMarks};
 use crate::postgres::PgData;
+pub use crate::running::Running;
 use crate::store::Data;
 pub use crate::store::Entry;
 /// Installs the process's Prometheus recorder (the same as the lock service's); pass its handle to
@@ -581,64 +582,18 @@ impl Resource {
     ///
     /// The address cannot be bound.
     pub async fn spawn(self, addr: SocketAddr) -> std::io::Result<RunningResource> {
-        let listener = TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
-        let resource = self.clone();
-        let task = tokio::spawn(async move {
-            resource
-                .serve(listener, async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        Ok(RunningResource { addr, resource: self, stop: Some(stop), task })
+        let router = self.router();
+        Running::start(addr, self, router).await
     }
 }
 
 /// A resource started by [`Resource::spawn`]. Dropping it stops the server
-/// without waiting; [`shutdown`](Self::shutdown) waits.
-#[derive(Debug)]
-pub struct RunningResource {
-    addr: SocketAddr,
-    resource: Resource,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<std::io::Result<()>>,
-}
+/// without waiting; [`shutdown`](Running::shutdown) waits.
+pub type RunningResource = Running<Resource>;
 
-impl RunningResource {
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// `http://ADDR`, without a trailing slash.
-    pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
+impl Running<Resource> {
     /// The resource being served.
     pub fn resource(&self) -> &Resource {
-        &self.resource
-    }
-
-    /// Stops accepting connections and waits for open requests to finish.
-    ///
-    /// # Errors
-    ///
-    /// Serving failed, or the server task panicked.
-    pub async fn shutdown(mut self) -> std::io::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.task).await.map_err(std::io::Error::other)?
-    }
-}
-
-impl Drop for RunningResource {
-    fn drop(&mut self) {
-        if self.stop.is_some() {
-            self.task.abort();
-        }
+        self.served()
     }
 }

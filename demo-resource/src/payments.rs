@@ -44,9 +44,7 @@ mod routes;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
+use crate::Running;
 
 pub use ledger::{Charge, ChargeParams};
 
@@ -114,63 +112,17 @@ impl Provider {
     ///
     /// The address cannot be bound.
     pub async fn spawn(self, addr: SocketAddr) -> std::io::Result<RunningProvider> {
-        let listener = TcpListener::bind(addr).await?;
-        let addr = listener.local_addr()?;
-        let (stop, stopped) = oneshot::channel::<()>();
         let router = self.router();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
-        });
-        Ok(RunningProvider { addr, provider: self, stop: Some(stop), task })
+        Running::start(addr, self, router).await
     }
 }
 
 /// A provider started by [`Provider::spawn`]; dropping it stops the server.
-#[derive(Debug)]
-pub struct RunningProvider {
-    addr: SocketAddr,
-    provider: Provider,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<std::io::Result<()>>,
-}
+pub type RunningProvider = Running<Provider>;
 
-impl RunningProvider {
-    /// The bound address.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// `http://ADDR`, without a trailing slash.
-    pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
+impl Running<Provider> {
     /// The provider being served.
     pub fn provider(&self) -> &Provider {
-        &self.provider
-    }
-
-    /// Stops accepting connections and waits for open requests to finish.
-    ///
-    /// # Errors
-    ///
-    /// Serving failed, or the server task panicked.
-    pub async fn shutdown(mut self) -> std::io::Result<()> {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        (&mut self.task).await.map_err(std::io::Error::other)?
-    }
-}
-
-impl Drop for RunningProvider {
-    fn drop(&mut self) {
-        if self.stop.is_some() {
-            self.task.abort();
-        }
+        self.served()
     }
 }

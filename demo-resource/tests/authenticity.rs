@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::TestDb;
 use demo_resource::{Config, Resource, RunningResource, proof_verifier};
-use fencing_layer::{ProofSigner, Raise, TokenVerifier, Verification, verify_fn};
+use fencing_layer::verify::{ProofSigner, Raise, TokenVerifier, Verification, verify_fn};
 use reqwest::{Client, Method};
 use serde_json::Value;
 

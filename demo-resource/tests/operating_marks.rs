@@ -9,7 +9,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
-use fencing_layer::ProofSigner;
+use fencing_layer::verify::ProofSigner;
 use reqwest::{Client, Method};
 use serde_json::{Value, json};
 

@@ -7,7 +7,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
 use common::Reply;
-use fencing_layer::{FencingLayer, FencingToken, MarkStore, PathParamKey};
+use fencing_layer::{FencingLayer, FencingToken, MarkStore, key::PathParamKey};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 

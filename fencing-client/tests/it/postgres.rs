@@ -11,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use fencing_client::{
-    Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LockStatus, LossReason, PgLockClient,
+    Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LossReason, PgLockClient,
+    backend::LockStatus,
 };
 use test_support::{Proxy, TestDb, skip};
 use tokio::time::sleep;

@@ -100,7 +100,7 @@ const PROBLEM_TYPE_PREFIX: &str = "urn:fencing:problem:";
 /// assert_eq!(response.headers()["content-type"], "application/problem+json");
 /// assert_eq!(response.headers()["retry-after"], "2");
 /// assert_eq!(
-///     response.body(),
+///     *response.body(),
 ///     r#"{"type":"urn:fencing:problem:database-unavailable","title":"Database unavailable","status":503,"#
 ///         .to_owned()
 ///         + r#""detail":"the database could not be reached","database":"orders","attempts":3}"#

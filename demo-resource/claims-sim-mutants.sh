@@ -23,7 +23,7 @@ cd "$(dirname "$0")"
 export FENCING_REPLICA_SIM_SEEDS="${FENCING_REPLICA_SIM_SEEDS:-6}"
 test_name=replicas_with_shared_marks_pass_the_checker_through_lost_sessions
 run() {
-  cargo test -p demo-resource --features mutants --test replica_simulation "$test_name" -- --nocapture
+  cargo test -p demo-resource --features mutants --test it "replica_simulation::$test_name" -- --nocapture
 }
 
 mutants=(no-deadline-revoke session-claims)

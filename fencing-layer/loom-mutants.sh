@@ -30,7 +30,7 @@ mutants=(
 )
 
 echo "== the unbroken rule passes =="
-cargo test -q -p fencing-layer --lib --release -- loom_model 2>&1 | grep -E '^test result'
+cargo test -q -p fencing-layer --lib --profile loom -- loom_model 2>&1 | grep -E '^test result'
 
 caught=0 missed=()
 for mutant in "${mutants[@]}"; do
@@ -43,7 +43,7 @@ for mutant in "${mutants[@]}"; do
     exit 2
   fi
   log=$(mktemp)
-  if cargo test -q -p fencing-layer --lib --release -- loom_model >"$log" 2>&1; then
+  if cargo test -q -p fencing-layer --lib --profile loom -- loom_model >"$log" 2>&1; then
     echo "mutant $name: MISSED"
     missed+=("$name")
   else

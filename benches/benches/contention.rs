@@ -11,6 +11,8 @@
 //!
 //! Rows of group `contention`: `{service}/{threads}t_{hot|distinct}`.
 
+mod common;
+
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
@@ -95,9 +97,5 @@ fn contention(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = contention
-}
+criterion_group!(name = benches; config = common::brief(); targets = contention);
 criterion_main!(benches);

@@ -8,42 +8,18 @@
 //!
 //! Rows of group `durable`: `{redb|memory}_{raise|hot}`.
 
-use std::cell::Cell;
-use std::hint::black_box;
-use std::time::Duration;
+mod common;
 
-use axum::Router;
-use axum::body::Body;
-use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
+use std::cell::Cell;
+
+use common::{each_request, success};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use fencing_benches::{fenced, request};
 use fencing_layer::MarkStore;
-use http::{Method, Request};
-use tokio::runtime::Runtime;
-use tower::{Service, ServiceExt};
+use http::Method;
 
 const HOT: &str = "/logs/hot";
 const RAISE: &str = "/logs/raise";
-
-fn bench(
-    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    runtime: &Runtime,
-    name: &str,
-    router: &Router,
-    make: impl Fn() -> Request<Body>,
-) {
-    group.bench_function(name, |b| {
-        b.to_async(runtime).iter_batched(
-            || (router.clone(), make()),
-            |(mut router, req)| async move {
-                let ready = ServiceExt::<Request<Body>>::ready(&mut router).await.expect("infallible");
-                let response = ready.call(req).await.expect("infallible");
-                assert!(response.status().is_success(), "{}", response.status());
-                black_box(response)
-            },
-            BatchSize::SmallInput,
-        );
-    });
-}
 
 fn durable(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
@@ -61,20 +37,16 @@ fn durable(c: &mut Criterion) {
         store.seed(RAISE, 1).expect("seed the raise key");
         let router = fenced(store);
         let next = Cell::new(1u64);
-        bench(&mut group, &runtime, &format!("{name}_raise"), &router, || {
+        let raise = || {
             next.set(next.get() + 1);
             request(Method::POST, RAISE, Some(&next.get().to_string()))
-        });
-        bench(&mut group, &runtime, &format!("{name}_hot"), &router, || {
-            request(Method::POST, HOT, Some("7"))
-        });
+        };
+        group.bench_function(format!("{name}_raise"), each_request(&runtime, &router, raise, success));
+        let hot = || request(Method::POST, HOT, Some("7"));
+        group.bench_function(format!("{name}_hot"), each_request(&runtime, &router, hot, success));
     }
     group.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = durable
-}
+criterion_group!(name = benches; config = common::brief(); targets = durable);
 criterion_main!(benches);

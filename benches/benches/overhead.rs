@@ -19,42 +19,19 @@
 //! - `handwritten_hot/N`: `from_fn` + `Mutex<HashMap<String, u64>>`, current token;
 //! - `governor_hot/N`: tower_governor keyed by path, quota never reached.
 
-use std::cell::Cell;
-use std::hint::black_box;
-use std::time::Duration;
+mod common;
 
-use axum::Router;
-use axum::body::Body;
-use criterion::{BatchSize, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use std::cell::Cell;
+
+use common::{any_status, each_request};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use fencing_benches::{fenced, fenced_lean, governor, handwritten, noop, request, routes, seeded_store};
-use http::{Method, Request};
-use tokio::runtime::Runtime;
-use tower::{Service, ServiceExt};
+use http::Method;
 
 const HOT: &str = "/logs/hot";
 const RAISE: &str = "/logs/raise";
 const STALE: &str = "/logs/stale";
 const KEY_COUNTS: [usize; 3] = [1, 1_000, 1_000_000];
-
-/// Times one request per iteration: `make` builds it (untimed), the router answers it.
-fn bench_requests(
-    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    runtime: &Runtime,
-    id: BenchmarkId,
-    router: &Router,
-    make: impl Fn() -> Request<Body>,
-) {
-    group.bench_function(id, |b| {
-        b.to_async(runtime).iter_batched(
-            || (router.clone(), make()),
-            |(mut router, req)| async move {
-                let ready = ServiceExt::<Request<Body>>::ready(&mut router).await.expect("infallible");
-                black_box(ready.call(req).await.expect("infallible"))
-            },
-            BatchSize::SmallInput,
-        );
-    });
-}
 
 fn overhead(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
@@ -62,8 +39,14 @@ fn overhead(c: &mut Criterion) {
     group.throughput(Throughput::Elements(1));
 
     let hot = || request(Method::POST, HOT, Some("7"));
-    bench_requests(&mut group, &runtime, BenchmarkId::from_parameter("bare"), &routes(), hot);
-    bench_requests(&mut group, &runtime, BenchmarkId::from_parameter("noop_layer"), &noop(), hot);
+    group.bench_function(
+        BenchmarkId::from_parameter("bare"),
+        each_request(&runtime, &routes(), hot, any_status),
+    );
+    group.bench_function(
+        BenchmarkId::from_parameter("noop_layer"),
+        each_request(&runtime, &noop(), hot, any_status),
+    );
 
     for keys in KEY_COUNTS {
         // The hot, raise and stale keys come on top of the `keys - 1` others, so the
@@ -75,39 +58,35 @@ fn overhead(c: &mut Criterion) {
         let id = |name: &str| BenchmarkId::new(name, keys);
         // The no-op layer again, right before the rows it is the floor for, so that a
         // ratio compares runs minutes apart as little as possible on a busy machine.
-        bench_requests(&mut group, &runtime, id("noop_layer"), &noop(), hot);
-        bench_requests(&mut group, &runtime, id("fenced_hot"), &router, hot);
-        bench_requests(&mut group, &runtime, id("fenced_lean_hot"), &lean, hot);
+        group.bench_function(id("noop_layer"), each_request(&runtime, &noop(), hot, any_status));
+        group.bench_function(id("fenced_hot"), each_request(&runtime, &router, hot, any_status));
+        group.bench_function(id("fenced_lean_hot"), each_request(&runtime, &lean, hot, any_status));
         drop(lean);
         let next = Cell::new(1u64);
-        bench_requests(&mut group, &runtime, id("fenced_raise"), &router, || {
+        let raise = || {
             next.set(next.get() + 1);
             request(Method::POST, RAISE, Some(&next.get().to_string()))
-        });
-        bench_requests(&mut group, &runtime, id("fenced_stale"), &router, || {
-            request(Method::POST, STALE, Some("5"))
-        });
-        bench_requests(&mut group, &runtime, id("fenced_missing"), &router, || {
-            request(Method::POST, HOT, None)
-        });
-        bench_requests(&mut group, &runtime, id("fenced_get"), &router, || request(Method::GET, HOT, None));
+        };
+        group.bench_function(id("fenced_raise"), each_request(&runtime, &router, raise, any_status));
+        let stale = || request(Method::POST, STALE, Some("5"));
+        group.bench_function(id("fenced_stale"), each_request(&runtime, &router, stale, any_status));
+        let missing = || request(Method::POST, HOT, None);
+        group.bench_function(id("fenced_missing"), each_request(&runtime, &router, missing, any_status));
+        let get = || request(Method::GET, HOT, None);
+        group.bench_function(id("fenced_get"), each_request(&runtime, &router, get, any_status));
         drop(router);
 
         let router = handwritten::router(handwritten::seeded(others, &[(HOT, 7)]));
-        bench_requests(&mut group, &runtime, id("handwritten_hot"), &router, hot);
+        group.bench_function(id("handwritten_hot"), each_request(&runtime, &router, hot, any_status));
         drop(router);
 
         let config = governor::seeded(others);
         let _ = config.limiter().check_key(&HOT.to_owned());
         let router = governor::router(config);
-        bench_requests(&mut group, &runtime, id("governor_hot"), &router, hot);
+        group.bench_function(id("governor_hot"), each_request(&runtime, &router, hot, any_status));
     }
     group.finish();
 }
 
-criterion_group! {
-    name = benches;
-    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = overhead
-}
+criterion_group!(name = benches; config = common::brief(); targets = overhead);
 criterion_main!(benches);

@@ -31,6 +31,9 @@ struct Run {
     json: Value,
 }
 
+/// One round of one second, no warm-up: these runs check the tool, they measure nothing.
+const ONE_SECOND: [&str; 6] = ["--duration", "1", "--rounds", "1", "--warmup-ms", "0"];
+
 async fn fencing_load(args: &[&str]) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let json_path = dir.path().join("report.json");
@@ -161,20 +164,8 @@ async fn thresholds_set_the_exit_code_and_say_which_broke() {
     let baseline = format!("http://{}", serve(fencing_benches::standin::router(false)).await);
     let dir = tempfile::tempdir().unwrap();
     let plot = dir.path().join("closed.svg");
-    let common = [
-        "--url",
-        &fenced,
-        "--baseline-url",
-        &baseline,
-        "--connections",
-        "2",
-        "--duration",
-        "1",
-        "--rounds",
-        "1",
-        "--warmup-ms",
-        "0",
-    ];
+    let common =
+        [&["--url", &fenced, "--baseline-url", &baseline, "--connections", "2"][..], &ONE_SECOND].concat();
 
     let pass = [
         &common[..],
@@ -253,33 +244,11 @@ async fn a_users_own_route_gets_the_method_headers_body_and_rising_tokens_sent()
         .route_layer(FencingLayer::new())
         .with_state(Arc::clone(&seen));
     let url = format!("http://{}/api/docs/{{key}}?n={{seq}}", serve(app).await);
-    let run = fencing_load(&[
-        "--url",
-        &url,
-        "-X",
-        "put",
-        "-H",
-        "X-Tenant: acme",
-        "-H",
-        "Content-Type: application/json",
-        "--body",
-        r#"{"text":"hi"}"#,
-        "--connections",
-        "4",
-        "--keys",
-        "2",
-        "--new-holder-every",
-        "20",
-        "--duration",
-        "1",
-        "--rounds",
-        "1",
-        "--warmup-ms",
-        "0",
-        "--max-error-pct",
-        "0",
-    ])
-    .await;
+    let request =
+        ["--url", &url, "-X", "put", "-H", "X-Tenant: acme", "-H", "Content-Type: application/json"];
+    let load =
+        ["--body", r#"{"text":"hi"}"#, "--connections", "4", "--keys", "2", "--new-holder-every", "20"];
+    let run = fencing_load(&[&request[..], &load, &ONE_SECOND, &["--max-error-pct", "0"]].concat()).await;
     assert_eq!(run.code, Some(0), "{}", run.stderr);
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.keys().collect::<Vec<_>>(), ["0", "1"], "the two keys of the template");

@@ -16,7 +16,11 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::{AcquireError, LockService, MAX_BODY_BYTES, TokenCheck, ceil_ms, check_text};
+use crate::service::check_text;
+use crate::{AcquireError, LockService, TokenCheck};
+
+/// Largest accepted request body, in bytes; a larger body gets 413.
+pub const MAX_BODY_BYTES: usize = 4096;
 
 pub(crate) fn router(service: LockService) -> Router {
     let router = Router::new();
@@ -348,4 +352,9 @@ async fn method_not_allowed(req: Request) -> Problem {
         "Method not allowed",
         format!("{} is not allowed on {}", req.method(), req.uri().path()),
     )
+}
+
+/// Milliseconds in `d`, rounded up (so a live lease never shows 0).
+fn ceil_ms(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }

@@ -9,7 +9,9 @@ use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tower::ServiceExt;
 
-use crate::{Config, LockService, ProofSigner, lock};
+use crate::service::lock;
+use crate::table::parse_lease_id;
+use crate::{Config, LockService, ProofSigner};
 
 struct Reply {
     status: StatusCode,
@@ -371,7 +373,7 @@ async fn grants_forget_expired_leases_of_other_locks() {
     // This grant sweeps the expired "abandoned" lease from memory and disk.
     assert_eq!(acquire(&app, "other", "b", 60_000).await.status, StatusCode::CREATED);
     assert!(!lock(&svc.inner.table).by_name.contains_key("abandoned"));
-    assert!(!lock(&svc.inner.table).by_id.contains_key(&crate::parse_lease_id(&old_id).unwrap()));
+    assert!(!lock(&svc.inner.table).by_id.contains_key(&parse_lease_id(&old_id).unwrap()));
     assert!(lock(&svc.inner.table).by_name.contains_key("kept"));
     drop(app);
     drop(svc);
@@ -551,7 +553,7 @@ async fn an_expired_lease_slot_is_reused_and_forgotten_on_disk() {
     assert_eq!(new.status, StatusCode::CREATED);
     assert_eq!(svc.leases_in_memory(), 2);
     assert!(!lock(&svc.inner.table).by_name.contains_key("short"));
-    let short_id = crate::parse_lease_id(short.body["lease_id"].as_str().unwrap()).unwrap();
+    let short_id = parse_lease_id(short.body["lease_id"].as_str().unwrap()).unwrap();
     assert!(!lock(&svc.inner.table).by_id.contains_key(&short_id));
     assert_eq!(lock(&svc.inner.table).by_expiry.len(), 2);
 

@@ -71,9 +71,8 @@ impl Backend {
     ) -> Result<u64, DataError> {
         match self {
             Self::Redb(data) => {
-                wait.await;
-                let (resource, name) = (resource.to_owned(), name.to_owned());
-                blocking(data, move |data| data.append(&resource, &name, token, &value)).await
+                redb_write(data, resource, name, wait, move |data, r, n| data.append(r, n, token, &value))
+                    .await
             }
             Self::Postgres(pg) => Ok(pg.append(resource, name, token, &value, wait).await?),
         }
@@ -101,9 +100,7 @@ impl Backend {
     ) -> Result<bool, DataError> {
         match self {
             Self::Redb(data) => {
-                wait.await;
-                let (resource, key) = (resource.to_owned(), key.to_owned());
-                blocking(data, move |data| data.put(&resource, &key, token, &value)).await
+                redb_write(data, resource, key, wait, move |data, r, k| data.put(r, k, token, &value)).await
             }
             Self::Postgres(pg) => Ok(pg.put(resource, key, token, &value, wait).await?),
         }
@@ -130,13 +127,26 @@ impl Backend {
     ) -> Result<bool, DataError> {
         match self {
             Self::Redb(data) => {
-                wait.await;
-                let (resource, key) = (resource.to_owned(), key.to_owned());
-                blocking(data, move |data| data.delete(&resource, &key, token)).await
+                redb_write(data, resource, key, wait, move |data, r, k| data.delete(r, k, token)).await
             }
             Self::Postgres(pg) => Ok(pg.delete(resource, key, token, wait).await?),
         }
     }
+}
+
+/// A write to redb: waits out `wait` first (redb has one writer per database,
+/// so a write held inside its transaction would stall every key), then runs
+/// `write` on a blocking thread with the resource and the log's or key's name.
+async fn redb_write<T: Send + 'static>(
+    data: &Arc<Data>,
+    resource: &str,
+    name: &str,
+    wait: impl Future<Output = ()>,
+    write: impl FnOnce(&Data, &str, &str) -> Result<T, DataError> + Send + 'static,
+) -> Result<T, DataError> {
+    wait.await;
+    let (resource, name) = (resource.to_owned(), name.to_owned());
+    blocking(data, move |data| write(data, &resource, &name)).await
 }
 
 /// Runs a blocking redb operation off the async threads.

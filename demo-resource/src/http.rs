@@ -5,7 +5,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
@@ -225,37 +225,47 @@ async fn read_text(body: Body) -> Result<String, Problem> {
     })
 }
 
-/// What every write does between admission and applying it: count itself in
-/// flight, validate the query and the body. The returned guard keeps the write
-/// counted until it is dropped, after the commit; the backend waits out
-/// `delay_ms` with it (`InFlight::delay`) just before applying the write.
-async fn prepare(
-    app: &App,
-    resource: &str,
-    query: Option<String>,
-    body: Body,
-) -> Result<(crate::InFlight, Duration, String), Problem> {
-    let in_flight = app.enter(resource);
-    let delay = parse_delay(query.as_deref())?;
-    let text = read_text(body).await?;
-    Ok((in_flight, delay, text))
+/// A write the layer admitted, counted in flight and validated: what every
+/// write route does before applying it. `in_flight` keeps the write counted
+/// until it is dropped, after the commit; the backend waits out `delay` with it
+/// (`InFlight::delay`) just before applying the write.
+struct Write {
+    /// The path parameter: the log's or the key's name.
+    name: String,
+    /// What the data's marks are kept for: `/logs/NAME` or `/kv/NAME`.
+    resource: String,
+    /// The token the layer validated (none when fencing is off).
+    token: Option<u64>,
+    in_flight: crate::InFlight,
+    delay: Duration,
+    /// The body (empty for a delete).
+    text: String,
 }
 
-async fn append(
-    State(app): State<App>,
-    token: Option<FencingToken>,
-    path: Result<Path<String>, PathRejection>,
-    RawQuery(query): RawQuery,
-    body: Body,
-) -> Answer {
-    let log = name(path)?;
-    let resource = format!("/logs/{log}");
-    let (mut in_flight, delay, text) = prepare(&app, &resource, query, body).await?;
-    let raw = token.map(FencingToken::get);
-    let index = app.data.append(&resource, &log, raw, text, in_flight.delay(delay)).await?;
+impl FromRequest<App> for Write {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, app: &App) -> Result<Self, Response> {
+        let (mut parts, body) = request.into_parts();
+        let name = name(Path::from_request_parts(&mut parts, app).await)?;
+        // The route this handler serves (`/logs/{name}`, `/kv/{key}`), with the name in place of its parameter.
+        let route = parts.extensions.get::<MatchedPath>().map_or("", MatchedPath::as_str);
+        let resource = format!("{}/{name}", &route[..route.rfind('/').unwrap_or_default()]);
+        // The layer puts the token it admitted in the extensions (what `Option<FencingToken>` extracts).
+        let token = parts.extensions.get::<FencingToken>().copied().map(FencingToken::get);
+        let in_flight = app.enter(&resource);
+        let delay = parse_delay(parts.uri.query())?;
+        let text = read_text(body).await?;
+        Ok(Self { name, resource, token, in_flight, delay, text })
+    }
+}
+
+async fn append(State(app): State<App>, write: Write) -> Answer {
+    let Write { name: log, resource, token, mut in_flight, delay, text } = write;
+    let index = app.data.append(&resource, &log, token, text, in_flight.delay(delay)).await?;
     drop(in_flight);
-    tracing::info!(log, index, token = raw, "appended");
-    Ok((StatusCode::CREATED, axum::Json(Appended { log, index, token: raw })).into_response())
+    tracing::info!(log, index, token, "appended");
+    Ok((StatusCode::CREATED, axum::Json(Appended { log, index, token })).into_response())
 }
 
 async fn read_log(State(app): State<App>, path: Result<Path<String>, PathRejection>) -> Answer {
@@ -268,22 +278,13 @@ async fn read_log(State(app): State<App>, path: Result<Path<String>, PathRejecti
     }
 }
 
-async fn put_value(
-    State(app): State<App>,
-    token: Option<FencingToken>,
-    path: Result<Path<String>, PathRejection>,
-    RawQuery(query): RawQuery,
-    body: Body,
-) -> Answer {
-    let key = name(path)?;
-    let resource = format!("/kv/{key}");
-    let (mut in_flight, delay, text) = prepare(&app, &resource, query, body).await?;
-    let raw = token.map(FencingToken::get);
-    let created = app.data.put(&resource, &key, raw, text, in_flight.delay(delay)).await?;
+async fn put_value(State(app): State<App>, write: Write) -> Answer {
+    let Write { name: key, resource, token, mut in_flight, delay, text } = write;
+    let created = app.data.put(&resource, &key, token, text, in_flight.delay(delay)).await?;
     drop(in_flight);
-    tracing::info!(key, token = raw, created, "stored");
+    tracing::info!(key, token, created, "stored");
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, axum::Json(Stored { key, token: raw })).into_response())
+    Ok((status, axum::Json(Stored { key, token })).into_response())
 }
 
 async fn get_value(State(app): State<App>, path: Result<Path<String>, PathRejection>) -> Answer {
@@ -296,23 +297,14 @@ async fn get_value(State(app): State<App>, path: Result<Path<String>, PathReject
     }
 }
 
-async fn delete_value(
-    State(app): State<App>,
-    token: Option<FencingToken>,
-    path: Result<Path<String>, PathRejection>,
-    RawQuery(query): RawQuery,
-    body: Body,
-) -> Answer {
-    let key = name(path)?;
-    let resource = format!("/kv/{key}");
-    let (mut in_flight, delay, _) = prepare(&app, &resource, query, body).await?;
-    let raw = token.map(FencingToken::get);
-    let deleted = app.data.delete(&resource, &key, raw, in_flight.delay(delay)).await?;
+async fn delete_value(State(app): State<App>, write: Write) -> Answer {
+    let Write { name: key, resource, token, mut in_flight, delay, .. } = write;
+    let deleted = app.data.delete(&resource, &key, token, in_flight.delay(delay)).await?;
     drop(in_flight);
     if !deleted {
         return Err(unknown_key(&key).into());
     }
-    tracing::info!(key, token = raw, "deleted");
+    tracing::info!(key, token, "deleted");
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

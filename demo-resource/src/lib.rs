@@ -190,6 +190,12 @@ pub struct Config {
     /// when `url` goes through a transaction-pooling PgBouncer, which cannot
     /// carry `LISTEN`. The tests give it a route of its own to cut.
     pub claims_session_url: Option<String>,
+    /// With PostgreSQL: serve from a server that could lose an acknowledged
+    /// commit in a crash or failover (`synchronous_commit = off`, an
+    /// asynchronous standby), which is refused otherwise: a mark raised there
+    /// can come back lower (`fencing_postgres::durability`,
+    /// `--accept-volatile-commits`).
+    pub accept_volatile_commits: bool,
 }
 
 impl Config {
@@ -201,6 +207,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            accept_volatile_commits: false,
         }
     }
 
@@ -212,6 +219,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            accept_volatile_commits: false,
         }
     }
 
@@ -223,6 +231,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            accept_volatile_commits: false,
         }
     }
 
@@ -419,7 +428,7 @@ impl Resource {
         let verifier = config.verifier()?;
         let shared_marks = config.fencing && *shared_marks;
         let fence_in_transaction = config.fencing && *fence_in_transaction && !shared_marks;
-        let data = PgData::connect(url, fence_in_transaction)
+        let data = PgData::connect(url, fence_in_transaction, config.accept_volatile_commits)
             .await
             .map_err(|e| OpenError(format!("postgres: {e}")))?;
         let shared = match shared_marks {
@@ -475,7 +484,7 @@ impl Resource {
             // so unknown routes are 404 without touching the key table. On the `Router` it
             // would also fence each route's 405 fallback, but `http::finish` replaces those
             // fallbacks afterwards (`method_not_allowed_fallback`), so a wrong method moves
-            // no mark (tests/routes.rs: `unknown_routes_and_methods_never_touch_the_marks`).
+            // no mark (tests/it/routes.rs: `unknown_routes_and_methods_never_touch_the_marks`).
             Some(marks) => {
                 let layer = FencingLayer::new().store(marks.clone()).metrics_label("demo-resource");
                 let layer = match &self.shared {

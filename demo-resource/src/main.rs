@@ -46,6 +46,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use demo_lock_service::shutdown_signal;
+use demo_resource::timeline::Timeline;
 use demo_resource::{Config, ResetError, Resource, StoppedMarks, Storage, billing, scenario};
 use fencing_layer::verify::ProofPublicKey;
 use serde_json::json;
@@ -217,6 +218,11 @@ struct Serve {
     /// not fenced in their transactions. See docs/replicas.md.
     #[arg(long, requires = "postgres", conflicts_with_all = ["local_marks", "no_fencing", "in_memory", "data_dir"])]
     shared_marks: bool,
+    /// With --postgres: serve even from a server that could lose an acknowledged commit
+    /// in a crash or failover (`synchronous_commit = off`, an asynchronous standby).
+    /// Refused without it: a mark raised there can come back lower.
+    #[arg(long, requires = "postgres")]
+    accept_volatile_commits: bool,
     /// The lock service's public key (one line of URL-safe base64): a token may raise a
     /// mark only with a valid `Fencing-Proof` for its path's lock, else 403.
     #[arg(long, value_name = "FILE", conflicts_with = "no_fencing")]
@@ -296,6 +302,7 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            accept_volatile_commits: args.accept_volatile_commits,
         },
         None if args.in_memory => Config::in_memory(),
         None => Config::durable(&args.data_dir),
@@ -429,27 +436,39 @@ async fn run_scenario(args: ScenarioArgs) -> ExitCode {
         },
         LockBackendArg::Zookeeper => scenario::TokenSource::ZooKeeper { cluster: args.zookeeper },
     };
-    let report = match scenario::run_with(source).await {
-        Ok(report) => report,
+    let run = scenario::run_with(source).await.map(|r| (r.to_string(), r.timeline(), r.problems()));
+    conclude("scenario", run, args.timeline.as_deref(), "expected that")
+}
+
+/// Ends a `scenario` or `billing` run: its report on stdout, its timeline
+/// drawn to `timeline` if asked, and success only when every outcome was the
+/// expected one (each other one on stderr, after `expected`).
+fn conclude(
+    what: &str,
+    run: Result<(String, Timeline, Vec<String>), impl std::fmt::Display>,
+    timeline: Option<&std::path::Path>,
+    expected: &str,
+) -> ExitCode {
+    let (report, picture, problems) = match run {
+        Ok(run) => run,
         Err(e) => {
-            eprintln!("scenario failed to run: {e}");
+            eprintln!("{what} failed to run: {e}");
             return ExitCode::FAILURE;
         }
     };
     print!("{report}");
-    if let Some(path) = &args.timeline {
-        if let Err(e) = std::fs::write(path, report.timeline().to_svg()) {
+    if let Some(path) = timeline {
+        if let Err(e) = std::fs::write(path, picture.to_svg()) {
             eprintln!("cannot write the timeline to {}: {e}", path.display());
             return ExitCode::FAILURE;
         }
         println!("timeline: {}", path.display());
     }
-    let problems = report.problems();
     if problems.is_empty() {
         return ExitCode::SUCCESS;
     }
     for problem in problems {
-        eprintln!("unexpected outcome: expected that {problem}");
+        eprintln!("unexpected outcome: {expected} {problem}");
     }
     ExitCode::FAILURE
 }
@@ -474,27 +493,6 @@ async fn run_billing(args: BillingArgs) -> ExitCode {
         customers: usize::from(args.customers),
         ttl: std::time::Duration::from_millis(args.ttl_ms),
     };
-    let report = match billing::run(&options).await {
-        Ok(report) => report,
-        Err(e) => {
-            eprintln!("billing scenario failed to run: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    print!("{report}");
-    if let Some(path) = &args.timeline {
-        if let Err(e) = std::fs::write(path, report.timeline().to_svg()) {
-            eprintln!("cannot write the timeline to {}: {e}", path.display());
-            return ExitCode::FAILURE;
-        }
-        println!("timeline: {}", path.display());
-    }
-    let problems = report.problems();
-    if problems.is_empty() {
-        return ExitCode::SUCCESS;
-    }
-    for problem in problems {
-        eprintln!("unexpected outcome: expected {problem}");
-    }
-    ExitCode::FAILURE
+    let run = billing::run(&options).await.map(|r| (r.to_string(), r.timeline(), r.problems()));
+    conclude("billing scenario", run, args.timeline.as_deref(), "expected")
 }

@@ -90,14 +90,26 @@ pub(crate) struct PgData {
 impl PgData {
     /// Connects to `url` (`postgres://…` or `host=… dbname=…`) and creates the
     /// mark table and the data tables if missing.
-    pub(crate) async fn connect(url: &str, fence_in_transaction: bool) -> Result<Self, String> {
+    pub(crate) async fn connect(
+        url: &str,
+        fence_in_transaction: bool,
+        accept_volatile_commits: bool,
+    ) -> Result<Self, String> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| format!("bad URL: {e}"))?;
         // fencing-postgres's defaults: 16 connections, 5 s to get one or to wait
         // for a row lock (the layer's drain bound), sessions idle in a transaction
-        // for 30 s ended (longer than the longest `delay_ms`).
-        let pool = fencing_postgres::pool(config, PoolLimits::default()).map_err(|e| e.to_string())?;
+        // for 30 s ended (longer than the longest `delay_ms`), and a server that
+        // could lose an acknowledged commit refused.
+        let limits = PoolLimits::default().accept_volatile_commits(accept_volatile_commits);
+        let pool = fencing_postgres::pool(config, limits).map_err(|e| e.to_string())?;
         let fence = PgFence::new();
-        migrate(&pool, &fence).await.map_err(|e| e.to_string())?;
+        migrate(&pool, &fence).await.map_err(|e| match e.to_string() {
+            // The library names its own switch; a person at the CLI has a flag.
+            refused if refused.contains("accept_volatile_commits") => {
+                format!("{refused}; from the command line: --accept-volatile-commits")
+            }
+            other => other,
+        })?;
         Ok(Self { pool, fence: fence_in_transaction.then_some(fence) })
     }
 

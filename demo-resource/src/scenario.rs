@@ -138,8 +138,8 @@ fn tokens_never_fall(log: &[Entry]) -> bool {
     tokens.windows(2).all(|pair| pair[0] <= pair[1])
 }
 
-/// Go's `%q` of a string slice, as the seed prints it: `["a" "b"]`.
-struct Quoted<'a>(&'a [&'a str]);
+/// Go's `%q` of a string slice, as the seed prints it: `["a" "b"]` (the billing report prints lists so too).
+pub(crate) struct Quoted<'a>(pub(crate) &'a [&'a str]);
 
 impl fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -23,10 +23,14 @@
 //! ```
 
 mod layout;
+mod record;
 mod svg;
 
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+pub use record::Recorded;
+pub(crate) use record::Recorder;
 
 /// A lane (one actor's row), as returned by [`Timeline::lane`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! A bare hyper 1 server fenced by the layer: no axum, no framework, only
 //! hyper's `serve_connection` and a tower service wrapped by `FencingLayer`.
 //! hyper has its own `Service` trait, so a tower service goes through
-//! `hyper_util::service::TowerToHyperService`. `tests/integrating.rs` serves
+//! `hyper_util::service::TowerToHyperService`. `tests/it/integrating.rs` serves
 //! this file's `serve` and sends it requests.
 //!
 //! ```sh

@@ -92,7 +92,7 @@ impl RejectionBody for tonic::body::Body {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use http_body::Body;
 

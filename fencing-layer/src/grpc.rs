@@ -115,7 +115,7 @@ impl<S: tonic::server::NamedService, E, R> tonic::server::NamedService for crate
     const NAME: &'static str = S::NAME;
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

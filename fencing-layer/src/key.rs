@@ -192,7 +192,7 @@ impl<B> KeyExtractor<B> for GlobalKey {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -71,7 +71,7 @@ impl FromIterator<Method> for MethodSet {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

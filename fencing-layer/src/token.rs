@@ -172,7 +172,7 @@ impl fmt::Display for TokenError {
 
 impl std::error::Error for TokenError {}
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use proptest::prelude::*;

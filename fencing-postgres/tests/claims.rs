@@ -5,20 +5,20 @@
 //! handler's entry and exit in one order, and the order is checked.
 //!
 //! Restarts and terminations run on a PostgreSQL server of the test's own
-//! (`common::own_pg`), never the shared one.
+//! (test-support's `OwnPg`), never the shared one.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::own_pg::OwnPg;
 use common::replicas::{Probe, Replica};
 use common::stall::StallProxy;
 use common::{BOUND, Rng, TestDb};
 use fencing_layer::FencingLayer;
 use fencing_layer::claims::ClaimTiming;
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
+use test_support::OwnPg;
 use tokio::time::Instant;
 
 /// Short claims, so that expiries happen within a test: valid 800 ms after a

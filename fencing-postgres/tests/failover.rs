@@ -1,5 +1,5 @@
 //! PostgreSQL restarts and failovers under load, on servers of the test's own
-//! (`common::own_pg`: `initdb`, `pg_basebackup -R`, `pg_ctl promote`), never
+//! (test-support's `OwnPg`: `initdb`, `pg_basebackup -R`, `pg_ctl promote`), never
 //! the shared one.
 //!
 //! Three writers each loop: a `PgLockClient` lease (its token), a `PgFence`d
@@ -24,13 +24,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::own_pg::OwnPg;
 use common::replicas::{Probe, Replica};
 use common::{BOUND, TestDb, connect_to, mark};
 use deadpool_postgres::Pool;
 use fencing_client::{LockBackendExt, LockError, PgLockClient};
 use fencing_layer::FencingLayer;
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
+use test_support::OwnPg;
 use tokio::time::Instant;
 use tokio_postgres::Config;
 use tokio_postgres::config::TargetSessionAttrs;

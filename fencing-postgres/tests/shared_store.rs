@@ -12,6 +12,7 @@ use common::{Rng, TestDb};
 use fencing_layer::FencingLayer;
 use fencing_postgres::{PgFence, PgSharedStore, PoolLimits};
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 
 async fn replicas(db: &TestDb, probe: &Probe, n: usize, drain: Duration) -> Vec<Arc<Replica>> {
     let mut all = Vec::new();
@@ -22,11 +23,29 @@ async fn replicas(db: &TestDb, probe: &Probe, n: usize, drain: Duration) -> Vec<
     all
 }
 
+/// A throwaway database, a probe, and `n` replicas on them draining for at most `drain`.
+async fn started(n: usize, drain: Duration) -> Option<(TestDb, Probe, Vec<Arc<Replica>>)> {
+    let db = TestDb::create().await?;
+    let probe = Probe::default();
+    let replicas = replicas(&db, &probe, n, drain).await;
+    Some((db, probe, replicas))
+}
+
+/// A request with `token` on key 1, sent to `replica` and held inside its handler.
+async fn held_inside(
+    replica: &Arc<Replica>,
+    probe: &Probe,
+    token: u64,
+) -> JoinHandle<(u16, serde_json::Value)> {
+    probe.hold(token);
+    let request = replica.spawn_post(1, token);
+    probe.wait_inside(1, token, 1).await;
+    request
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_token_seen_by_one_replica_is_stale_on_every_other() {
-    let Some(db) = TestDb::create().await else { return };
-    let probe = Probe::default();
-    let r = replicas(&db, &probe, 3, Duration::from_secs(5)).await;
+    let Some((_db, probe, r)) = started(3, Duration::from_secs(5)).await else { return };
     assert_eq!(r[0].post(1, 7).await.0, 200);
     let (status, problem) = r[1].post(1, 5).await;
     assert_eq!(status, 409);
@@ -39,9 +58,7 @@ async fn a_token_seen_by_one_replica_is_stale_on_every_other() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_raise_waits_for_lower_tokens_inside_on_any_replica_and_equal_ones_share() {
-    let Some(db) = TestDb::create().await else { return };
-    let probe = Probe::default();
-    let r = replicas(&db, &probe, 3, Duration::from_secs(10)).await;
+    let Some((_db, probe, r)) = started(3, Duration::from_secs(10)).await else { return };
     probe.hold(7);
     let first = r[0].spawn_post(1, 7);
     let second = r[1].spawn_post(1, 7);
@@ -68,12 +85,8 @@ async fn a_raise_waits_for_lower_tokens_inside_on_any_replica_and_equal_ones_sha
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drain_past_its_bound_is_503_and_the_mark_stays_raised() {
-    let Some(db) = TestDb::create().await else { return };
-    let probe = Probe::default();
-    let r = replicas(&db, &probe, 2, Duration::from_millis(300)).await;
-    probe.hold(3);
-    let holder = r[0].spawn_post(1, 3);
-    probe.wait_inside(1, 3, 1).await;
+    let Some((_db, probe, r)) = started(2, Duration::from_millis(300)).await else { return };
+    let holder = held_inside(&r[0], &probe, 3).await;
     let (status, problem) = r[1].post(1, 4).await;
     assert_eq!(status, 503);
     assert_eq!(problem["type"], "urn:fencing:problem:drain-timeout");
@@ -85,12 +98,8 @@ async fn a_drain_past_its_bound_is_503_and_the_mark_stays_raised() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_request_cut_off_inside_lets_the_next_holder_in() {
-    let Some(db) = TestDb::create().await else { return };
-    let probe = Probe::default();
-    let r = replicas(&db, &probe, 2, Duration::from_secs(10)).await;
-    probe.hold(5);
-    let gone = r[0].spawn_post(1, 5);
-    probe.wait_inside(1, 5, 1).await;
+    let Some((_db, probe, r)) = started(2, Duration::from_secs(10)).await else { return };
+    let gone = held_inside(&r[0], &probe, 5).await;
     // The client goes away: the server drops the request's future, and with it the permit.
     gone.abort();
     assert_eq!(r[1].post(1, 6).await.0, 200);

@@ -4,10 +4,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::{sleep, timeout};
-
-use crate::process::{exited, find_binary, kill, log_tail};
+use crate::process::{ask, binary_or_skip, kill, log_tail, wait_until_serving};
 
 /// A single-member etcd on ephemeral 127.0.0.1 ports in a temporary directory,
 /// killed on drop (also on panic).
@@ -28,11 +25,10 @@ impl Drop for Etcd {
 }
 
 impl Etcd {
-    /// Starts etcd and waits (at most about 15 s) until it is healthy.
+    /// Starts etcd and waits (at most 20 s a try) until it is healthy.
     pub async fn start() -> Option<Etcd> {
-        let Some(bin) = find_binary("ETCD_BIN", "etcd") else {
-            return crate::skip("etcd not installed (put `etcd` on PATH or set ETCD_BIN)");
-        };
+        let bin =
+            binary_or_skip("ETCD_BIN", "etcd", "etcd not installed (put `etcd` on PATH or set ETCD_BIN)")?;
         // A port picked by binding :0 can be taken again before etcd binds it: retry with new ports.
         for attempt in 1..=3 {
             let dir = tempfile::tempdir().unwrap();
@@ -65,16 +61,9 @@ impl Etcd {
     /// Polls until `/health` says it serves (it has a leader and answers reads);
     /// false if it exited or never did.
     async fn wait_ready(&mut self, port: u16) -> bool {
-        for _ in 0..150 {
-            if exited(&mut self.child) {
-                return false;
-            }
-            if let Ok(Ok(true)) = timeout(Duration::from_millis(500), healthy(port)).await {
-                return true;
-            }
-            sleep(Duration::from_millis(100)).await;
-        }
-        false
+        let (within, per_try, pause) =
+            (Duration::from_secs(20), Duration::from_millis(500), Duration::from_millis(100));
+        wait_until_serving(&mut self.child, within, per_try, pause, || healthy(port)).await
     }
 
     /// Kills etcd (SIGKILL) and waits for it to exit.
@@ -85,11 +74,8 @@ impl Etcd {
 
 /// `GET /health` on the client port; whether etcd says `"health":"true"`.
 async fn healthy(port: u16) -> std::io::Result<bool> {
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     let request = format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
-    conn.write_all(request.as_bytes()).await?;
-    let mut answer = Vec::new();
-    conn.read_to_end(&mut answer).await?;
+    let answer = ask(port, request.as_bytes(), None).await?;
     let answer = String::from_utf8_lossy(&answer);
     Ok(answer.starts_with("HTTP/1.1 200") && answer.contains("\"health\":\"true\""))
 }

@@ -1,8 +1,9 @@
 //! What the workspace's tests share, written once: the loud skip, free ports,
 //! throwaway servers (Redis, etcd, ZooKeeper) on ephemeral loopback ports, a
-//! throwaway database on the shared PostgreSQL (feature `postgres`), and TCP
-//! proxies that can stop answering ([`Proxy`]) or stall and sever ([`StallProxy`]),
-//! and the workspace's own server binaries as child processes ([`ChildServer`]).
+//! throwaway database on the shared PostgreSQL and a PostgreSQL server of the
+//! test's own (`TestDb`, `OwnPg`: feature `postgres`), TCP proxies that can stop
+//! answering ([`Proxy`]) or stall and sever ([`StallProxy`]), and the workspace's
+//! own server binaries as child processes ([`ChildServer`]).
 //!
 //! A dev-dependency only (`publish = false`). Every server lives in a temporary
 //! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle
@@ -18,6 +19,8 @@
 
 mod child_server;
 mod etcd;
+#[cfg(feature = "postgres")]
+mod own_pg;
 mod process;
 mod proxy;
 mod redis;
@@ -31,6 +34,8 @@ use std::net::TcpListener;
 
 pub use child_server::{ChildServer, Starting};
 pub use etcd::Etcd;
+#[cfg(feature = "postgres")]
+pub use own_pg::OwnPg;
 pub use proxy::Proxy;
 pub use redis::Redis;
 pub use stall::StallProxy;

@@ -4,10 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::{sleep, timeout};
-
-use crate::process::{exited, find_binary, kill};
+use crate::process::{ask, binary_or_skip, kill, wait_until_serving};
 
 /// A `redis-server` on an ephemeral 127.0.0.1 port in a temporary directory (no RDB
 /// snapshots), killed on drop. [`Redis::start`] makes it durable (AOF with
@@ -37,9 +34,8 @@ impl Redis {
 
     /// A Redis with `settings` (command-line options), or `None` after SKIPPED.
     pub async fn start_with(settings: &[&str]) -> Option<Redis> {
-        let Some(bin) = find_binary("REDIS_SERVER_BIN", "redis-server") else {
-            return crate::skip("redis-server not installed (put it on PATH or set REDIS_SERVER_BIN)");
-        };
+        let missing = "redis-server not installed (put it on PATH or set REDIS_SERVER_BIN)";
+        let bin = binary_or_skip("REDIS_SERVER_BIN", "redis-server", missing)?;
         let mut redis = Redis {
             bin,
             dir: tempfile::tempdir().unwrap(),
@@ -86,18 +82,12 @@ impl Redis {
         panic!("redis-server did not start:\n{log}");
     }
 
-    /// Polls (at most about 5 s) until the server answers `PING` with `+PONG`.
+    /// Polls (at most 5 s) until the server answers `PING` with `+PONG`.
     async fn ready(&mut self) -> bool {
-        for _ in 0..100 {
-            if exited(&mut self.child) {
-                return false;
-            }
-            if let Ok(Ok(true)) = timeout(Duration::from_millis(500), ping(self.port)).await {
-                return true;
-            }
-            sleep(Duration::from_millis(50)).await;
-        }
-        false
+        let (within, per_try, pause) =
+            (Duration::from_secs(5), Duration::from_millis(500), Duration::from_millis(50));
+        let port = self.port;
+        wait_until_serving(&mut self.child, within, per_try, pause, || ping(port)).await
     }
 
     /// SIGKILL: no shutdown, no final AOF rewrite.
@@ -108,9 +98,5 @@ impl Redis {
 
 /// `PING` in Redis's inline protocol; whether the answer is `+PONG`.
 async fn ping(port: u16) -> std::io::Result<bool> {
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    conn.write_all(b"PING\r\n").await?;
-    let mut answer = [0; 7];
-    conn.read_exact(&mut answer).await?;
-    Ok(&answer == b"+PONG\r\n")
+    Ok(ask(port, b"PING\r\n", Some(7)).await? == b"+PONG\r\n")
 }

@@ -4,10 +4,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::time::{Instant, sleep, timeout};
-
-use crate::process::{exited, find_binary, kill};
+use crate::process::{ask, binary_or_skip, kill, wait_until_serving};
 
 /// A standalone ZooKeeper (`ZooKeeperServerMain` on a JRE) on an ephemeral
 /// 127.0.0.1 port in a temporary directory, killed on drop. Ticks are 100 ms, so
@@ -33,9 +30,7 @@ impl Drop for ZooKeeper {
 impl ZooKeeper {
     /// Starts ZooKeeper and waits until it serves.
     pub async fn start() -> Option<ZooKeeper> {
-        let Some(java) = find_binary("JAVA_BIN", "java") else {
-            return crate::skip("java not installed (ZooKeeper needs a JRE)");
-        };
+        let java = binary_or_skip("JAVA_BIN", "java", "java not installed (ZooKeeper needs a JRE)")?;
         let jar = std::env::var_os("ZOOKEEPER_JAR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("/usr/share/java/zookeeper.jar"));
@@ -94,18 +89,14 @@ impl ZooKeeper {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        let started = Instant::now();
-        while started.elapsed() < Duration::from_secs(60) {
-            if exited(&mut self.child) {
-                return false;
-            }
-            if let Ok(Ok(true)) = timeout(Duration::from_secs(2), serving(self.port)).await {
-                return true;
-            }
-            sleep(Duration::from_millis(100)).await;
+        let (within, per_try, pause) =
+            (Duration::from_secs(60), Duration::from_secs(2), Duration::from_millis(100));
+        let port = self.port;
+        let serves = wait_until_serving(&mut self.child, within, per_try, pause, || serving(port)).await;
+        if !serves {
+            self.kill();
         }
-        self.kill();
-        false
+        serves
     }
 
     /// SIGKILL: no shutdown of any kind.
@@ -117,9 +108,5 @@ impl ZooKeeper {
 /// The `srvr` four-letter command: a serving server names its mode; one still
 /// loading its data says it is "not currently serving requests".
 async fn serving(port: u16) -> std::io::Result<bool> {
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    conn.write_all(b"srvr").await?;
-    let mut answer = Vec::new();
-    conn.read_to_end(&mut answer).await?;
-    Ok(String::from_utf8_lossy(&answer).contains("Mode: "))
+    Ok(String::from_utf8_lossy(&ask(port, b"srvr", None).await?).contains("Mode: "))
 }

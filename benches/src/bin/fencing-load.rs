@@ -28,8 +28,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use fencing_benches::load::args::Args;
-use fencing_benches::load::compare::{self, Outcome};
+use fencing_benches::load::compare::{self, Measured, Outcome};
 use fencing_benches::load::inprocess::{self, loadavg};
+use fencing_benches::load::json::JsonReport;
 use fencing_benches::load::plot;
 use fencing_benches::load::request::{self, RequestSpec};
 use fencing_benches::load::runner::Plan;
@@ -37,34 +38,7 @@ use fencing_benches::load::schedule::Schedule;
 use fencing_benches::load::target::Target;
 use fencing_benches::load::{report, thresholds};
 use http::HeaderName;
-use serde::Serialize;
-
-/// The JSON file of `--json`.
-#[derive(Debug, Serialize)]
-struct JsonReport<'a> {
-    connections: u32,
-    rate: Option<f64>,
-    duration_s: u64,
-    rounds: u32,
-    warmup_ms: u64,
-    stale_pct: u8,
-    malformed_pct: u8,
-    new_holder_every: Option<u64>,
-    keys: u32,
-    method: &'a str,
-    body_bytes: usize,
-    server_threads: Option<u32>,
-    client_threads: u32,
-    cores: usize,
-    loadavg_start: String,
-    loadavg_end: String,
-    rounds_detail: &'a [report::RoundRow],
-    targets: &'a [report::TargetRow],
-    /// Present when there are two targets: the second (fenced) over the first (unfenced).
-    ratios: Option<&'a report::Ratios>,
-    /// Every threshold the run broke.
-    violations: &'a [String],
-}
+use tokio::runtime::Runtime;
 
 fn main() -> ExitCode {
     match run() {
@@ -76,110 +50,21 @@ fn main() -> ExitCode {
     }
 }
 
+/// The arguments, then the run, then the report: the exit code says whether a threshold broke.
 fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
     let args = Args::parse();
     args.validate()?;
     let plan = Arc::new(plan(&args)?);
-
-    // Keep the server runtime alive until the end when the targets are in-process.
-    let mut server_runtime = None;
-    let targets = match &args.url {
-        Some(url) => {
-            Target::from_urls(url, args.baseline_url.as_deref(), args.path.as_deref(), args.default_path())?
-        }
-        None => {
-            let runtime = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(args.server_threads as usize)
-                .thread_name("server")
-                .enable_all()
-                .build()?;
-            let targets = inprocess::targets(&runtime, &args)?;
-            server_runtime = Some(runtime);
-            targets
-        }
-    };
-    let client = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.client_threads as usize)
-        .thread_name("client")
-        .enable_all()
-        .build()?;
-    // One schedule per target for the whole run, so that rising tokens keep rising across rounds.
-    let schedules: Vec<_> = targets
-        .iter()
-        .map(|_| {
-            Arc::new(Schedule::new(
-                args.key_count(),
-                args.connections,
-                args.new_holder_every,
-                args.stale_pct,
-                args.malformed_pct,
-            ))
-        })
-        .collect();
-
-    let loadavg_start = loadavg();
-    eprintln!(
-        "fencing-load: {} target(s), {} {} on {} connections, {}, {} rounds x {} s (first {} ms not counted), load {}",
-        targets.len(),
-        plan.request.method,
-        targets.last().map_or("", |t| t.template.as_str()),
-        args.connections,
-        args.rate.map_or("closed loop".to_owned(), |r| format!("open loop at {r} req/s")),
-        args.rounds,
-        args.duration,
-        args.warmup_ms,
-        loadavg_start
-    );
-    let server_threads = server_runtime.as_ref().map(|_| "server");
-    let outcome = compare::run(&client, &targets, &plan, &schedules, args.rounds, server_threads);
-    let loadavg_end = loadavg();
-    report::print(&outcome.rows, outcome.ratios.as_ref());
-    println!("load average: start {loadavg_start}, end {loadavg_end}");
-
-    let violations = args.thresholds().judge(&outcome.rows, outcome.ratios.as_ref());
-
-    if let Some(path) = &args.plot {
-        std::fs::write(path, plot_svg(&args, &outcome))?;
-        eprintln!("wrote {}", path.display());
-    }
-    if let Some(path) = &args.json {
-        let report = JsonReport {
-            connections: args.connections,
-            rate: args.rate,
-            duration_s: args.duration,
-            rounds: args.rounds,
-            warmup_ms: args.warmup_ms,
-            stale_pct: args.stale_pct,
-            malformed_pct: args.malformed_pct,
-            new_holder_every: args.new_holder_every,
-            keys: args.key_count(),
-            method: plan.request.method.as_str(),
-            body_bytes: plan.request.body.len(),
-            server_threads: server_runtime.as_ref().map(|_| args.server_threads),
-            client_threads: args.client_threads,
-            cores: std::thread::available_parallelism().map_or(1, usize::from),
-            loadavg_start,
-            loadavg_end,
-            rounds_detail: &outcome.rounds,
-            targets: &outcome.rows,
-            ratios: outcome.ratios.as_ref(),
-            violations: &violations,
-        };
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
-        eprintln!("wrote {}", path.display());
-    }
+    let targets = Targets::start(&args)?;
+    let client = runtime(args.client_threads, "client")?;
+    let measured = measure(&args, &plan, &targets, &client);
+    let violations = report(&args, &plan, &targets, &measured)?;
     drop(client);
-    if let Some(runtime) = server_runtime {
-        runtime.shutdown_background();
-    }
-    if violations.is_empty() {
-        return Ok(ExitCode::SUCCESS);
-    }
-    for violation in &violations {
-        eprintln!("threshold broken: {violation}");
-    }
-    Ok(ExitCode::from(thresholds::EXIT_CODE as u8))
+    targets.stop();
+    Ok(exit_code(&violations))
 }
+
+// The arguments.
 
 /// What every round sends, from the arguments.
 fn plan(args: &Args) -> Result<Plan, String> {
@@ -200,6 +85,111 @@ fn plan(args: &Args) -> Result<Plan, String> {
     })
 }
 
+// The run.
+
+/// The targets, and the runtime of the in-process ones (kept alive until the end).
+struct Targets {
+    list: Vec<Target>,
+    server_runtime: Option<Runtime>,
+}
+
+impl Targets {
+    /// `--url` (and `--baseline-url`), or the two in-process stand-ins.
+    fn start(args: &Args) -> Result<Self, Box<dyn std::error::Error>> {
+        if let Some(url) = &args.url {
+            let list = Target::from_urls(
+                url,
+                args.baseline_url.as_deref(),
+                args.path.as_deref(),
+                args.default_path(),
+            )?;
+            return Ok(Targets { list, server_runtime: None });
+        }
+        let runtime = runtime(args.server_threads, "server")?;
+        let list = inprocess::targets(&runtime, args)?;
+        Ok(Targets { list, server_runtime: Some(runtime) })
+    }
+
+    fn in_process(&self) -> bool {
+        self.server_runtime.is_some()
+    }
+
+    fn stop(self) {
+        if let Some(runtime) = self.server_runtime {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A multi-threaded runtime whose threads are named `name` (the in-process servers'
+/// CPU time is measured by that name).
+fn runtime(threads: u32, name: &str) -> std::io::Result<Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads as usize)
+        .thread_name(name)
+        .enable_all()
+        .build()
+}
+
+/// Every round of every target, announced on stderr first.
+fn measure(args: &Args, plan: &Arc<Plan>, targets: &Targets, client: &Runtime) -> Measured {
+    // One schedule per target for the whole run, so that rising tokens keep rising across rounds.
+    let schedules: Vec<_> = targets
+        .list
+        .iter()
+        .map(|_| {
+            Arc::new(Schedule::new(
+                args.key_count(),
+                args.connections,
+                args.new_holder_every,
+                args.stale_pct,
+                args.malformed_pct,
+            ))
+        })
+        .collect();
+    let loadavg_start = loadavg();
+    eprintln!(
+        "fencing-load: {} target(s), {} {} on {} connections, {}, {} rounds x {} s (first {} ms not counted), load {}",
+        targets.list.len(),
+        plan.request.method,
+        targets.list.last().map_or("", |t| t.template.as_str()),
+        args.connections,
+        args.rate.map_or("closed loop".to_owned(), |r| format!("open loop at {r} req/s")),
+        args.rounds,
+        args.duration,
+        args.warmup_ms,
+        loadavg_start
+    );
+    let server_threads = targets.in_process().then_some("server");
+    let outcome = compare::run(client, &targets.list, plan, &schedules, args.rounds, server_threads);
+    Measured { outcome, loadavg_start, loadavg_end: loadavg() }
+}
+
+// The report.
+
+/// The rows and ratios on stdout, `--plot` and `--json` written; the thresholds broken.
+fn report(
+    args: &Args,
+    plan: &Plan,
+    targets: &Targets,
+    measured: &Measured,
+) -> Result<Vec<String>, Box<dyn std::error::Error>> {
+    let outcome = &measured.outcome;
+    report::print(&outcome.rows, outcome.ratios.as_ref());
+    println!("load average: start {}, end {}", measured.loadavg_start, measured.loadavg_end);
+    let violations = args.thresholds().judge(&outcome.rows, outcome.ratios.as_ref());
+    if let Some(path) = &args.plot {
+        std::fs::write(path, plot_svg(args, outcome))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &args.json {
+        let json = JsonReport::new(args, plan, targets.in_process(), measured, &violations);
+        std::fs::write(path, serde_json::to_string_pretty(&json)?)?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(violations)
+}
+
 /// The plot of every target: corrected (solid) and as sent (dashed) in the open loop.
 fn plot_svg(args: &Args, outcome: &Outcome) -> String {
     let mode = args.rate.map_or("closed loop".to_owned(), |r| format!("open loop, {r} req/s"));
@@ -209,4 +199,15 @@ fn plot_svg(args: &Args, outcome: &Outcome) -> String {
     );
     let targets: Vec<_> = outcome.rows.iter().map(|row| row.target.as_str()).zip(&outcome.tallies).collect();
     plot::of_targets(&title, &targets)
+}
+
+/// Success, or the thresholds' exit code after naming each broken one.
+fn exit_code(violations: &[String]) -> ExitCode {
+    if violations.is_empty() {
+        return ExitCode::SUCCESS;
+    }
+    for violation in violations {
+        eprintln!("threshold broken: {violation}");
+    }
+    ExitCode::from(thresholds::EXIT_CODE as u8)
 }

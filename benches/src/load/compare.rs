@@ -26,6 +26,17 @@ pub struct Outcome {
     pub tallies: Vec<Tally>,
 }
 
+/// What the run measured, with the load average before and after it.
+#[derive(Debug)]
+pub struct Measured {
+    /// Every round's and every target's rows, ratios and tallies.
+    pub outcome: Outcome,
+    /// `/proc/loadavg` before the first round.
+    pub loadavg_start: String,
+    /// `/proc/loadavg` after the last round.
+    pub loadavg_end: String,
+}
+
 /// Runs `rounds` rounds of every target on `client`. `server_threads`: the
 /// in-process servers' thread name, whose CPU time is then measured.
 pub fn run(

@@ -1,12 +1,13 @@
 //! `fencing-load`, one job per module: the command line ([`args`]), where
 //! requests go ([`target`], [`template`]), what they carry ([`request`],
 //! [`schedule`]), sending them ([`runner`], [`compare`], [`progress`]), and the
-//! results ([`tally`], [`report`], [`thresholds`], [`plot`]). The in-process
+//! results ([`tally`], [`report`], [`thresholds`], [`plot`], [`json`]). The in-process
 //! stand-ins are in [`inprocess`]; the binary `src/bin/fencing-load.rs` ties them together.
 
 pub mod args;
 pub mod compare;
 pub mod inprocess;
+pub mod json;
 pub mod plot;
 pub mod progress;
 pub mod report;

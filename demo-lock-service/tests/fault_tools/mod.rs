@@ -5,10 +5,13 @@
 
 #![allow(dead_code)] // Each test file uses its own part.
 
-use std::io::{BufRead, BufReader};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+use test_support::ChildServer;
 
 /// Whether `tool` is on PATH. Missing: prints SKIPPED (and fails under `CI=true`).
 pub(crate) fn have(tool: &str, package: &str) -> bool {
@@ -51,9 +54,9 @@ pub(crate) const DISK_FAULTS: [DiskFault; 5] = [
     DiskFault { name: "short pwrite", point: "posix/io/rw/pwrite/reduce", errno: 0 },
 ];
 
-/// A service process; killed with SIGKILL when dropped.
+/// A service process (test-support's child server: SIGKILLed when dropped).
 pub(crate) struct Service {
-    child: Child,
+    process: ChildServer,
     /// `http://ADDR`.
     pub(crate) url: String,
     /// `fiu-run -f`'s base name: the process listens on `BASE-PID.in`.
@@ -81,18 +84,13 @@ impl Service {
         };
         command.env("RUST_LOG", "warn").args(args).envs(env.iter().map(|(k, v)| (k, v)));
         let stderr = log.map_or_else(Stdio::null, |log| std::fs::File::create(log).unwrap().into());
-        command.stdout(Stdio::piped()).stderr(stderr);
-        let mut child = command.spawn().expect("start the service");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("first line {line:?}"));
-        let url = format!("http://{addr}");
-        Self { child, url, fiu_base: fiu_ctrl_dir.map(|dir| dir.join("fiu")) }
+        let process = ChildServer::start(command.stderr(stderr));
+        Self { url: process.base(), process, fiu_base: fiu_ctrl_dir.map(|dir| dir.join("fiu")) }
     }
 
     /// The process id.
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+        self.process.pid()
     }
 
     /// Enables `fault` in the running process (`fiu-ctrl -c 'enable …'`).
@@ -121,16 +119,84 @@ impl Service {
 
     /// `kill -9` and reap.
     pub(crate) fn kill9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill_9();
+    }
+
+    /// Switches the [`DISK_FAULTS`] on in turn, `rounds` times, each at a random
+    /// moment and off again after a random while, as the caller's load runs and
+    /// counts the requests refused in `refused`. Meanwhile `/healthz` must stay
+    /// 200; after each fault, `/readyz` must be 200 again and `probe` (a request
+    /// of the load's kind) succeed within [`RECOVERY_BOUND`], without a restart.
+    pub(crate) async fn switch_disk_faults<F, Fut>(
+        &self,
+        http: &reqwest::Client,
+        rounds: usize,
+        refused: &AtomicU64,
+        mut probe: F,
+    ) -> FaultRounds
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let url = &self.url;
+        let mut rng = Rng::new();
+        let mut run = FaultRounds { rounds, outcome: BTreeMap::new(), not_ready_seen: 0 };
+        for round in 0..rounds {
+            tokio::time::sleep(rng.millis(50, 250)).await;
+            let fault = DISK_FAULTS[round % DISK_FAULTS.len()];
+            let refused_before = refused.load(Ordering::Relaxed);
+            self.enable(fault);
+            tokio::time::sleep(rng.millis(100, 400)).await;
+            // Liveness holds whatever the disk does; readiness tells the truth.
+            assert_eq!(status(http, url, "/healthz").await, 200, "{}: /healthz", fault.name);
+            if status(http, url, "/readyz").await == 503 {
+                run.not_ready_seen += 1;
+            }
+            self.disable(fault);
+            let recovery = until(RECOVERY_BOUND, fault.name, || {
+                let ready = status(http, url, "/readyz");
+                let probe = probe();
+                async move { ready.await == 200 && probe.await }
+            })
+            .await;
+            let entry = run.outcome.entry(fault.name).or_default();
+            entry.0 += 1;
+            entry.1 += refused.load(Ordering::Relaxed) - refused_before;
+            entry.2 = entry.2.max(recovery);
+        }
+        run
     }
 }
 
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// A cleared disk fault must be recovered from within this (the services reopen
+/// their stores every 250 ms).
+pub(crate) const RECOVERY_BOUND: Duration = Duration::from_secs(3);
+
+/// What [`Service::switch_disk_faults`] saw.
+pub(crate) struct FaultRounds {
+    /// How many faults were switched on.
+    pub(crate) rounds: usize,
+    /// Per fault: (injections, requests refused until recovered, slowest recovery).
+    pub(crate) outcome: BTreeMap<&'static str, (usize, u64, Duration)>,
+    /// In how many rounds `/readyz` answered 503 while the fault was on.
+    pub(crate) not_ready_seen: usize,
+}
+
+impl FaultRounds {
+    /// One line per fault: `WHO, FAULT: N injections, N REFUSED refused, slowest recovery N ms`.
+    pub(crate) fn print(&self, who: &str, refused: &str) {
+        for (name, (injections, count, recovery)) in &self.outcome {
+            eprintln!(
+                "{who}, {name}: {injections} injections, {count} {refused} refused, slowest recovery {} ms",
+                recovery.as_millis()
+            );
+        }
     }
+}
+
+/// The status of `GET {url}{path}`, 0 when the request failed.
+pub(crate) async fn status(http: &reqwest::Client, url: &str, path: &str) -> u16 {
+    http.get(format!("{url}{path}")).send().await.map_or(0, |r| r.status().as_u16())
 }
 
 /// A xorshift source, seeded from `FENCING_FAULT_SEED` or the clock (the seed is printed).

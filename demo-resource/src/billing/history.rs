@@ -1,9 +1,6 @@
 //! What the billing scenario saw, as it happened, with the time since it
 //! started: the raw material of its timeline picture.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-
 use super::PausePoint;
 use crate::scenario::Holder;
 
@@ -88,35 +85,7 @@ pub enum Event {
 }
 
 /// An [`Event`] and when, since the scenario started.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Recorded {
-    /// Time since the scenario started (the monotonic clock).
-    pub at: Duration,
-    /// What.
-    pub what: Event,
-}
+pub type Recorded = crate::timeline::Recorded<Event>;
 
 /// Collects [`Recorded`]s from every task.
-#[derive(Debug, Clone)]
-pub(super) struct Recorder {
-    start: Instant,
-    log: Arc<Mutex<Vec<Recorded>>>,
-}
-
-impl Recorder {
-    pub(super) fn new() -> Self {
-        Self { start: Instant::now(), log: Arc::default() }
-    }
-
-    pub(super) fn note(&self, what: Event) {
-        let at = self.start.elapsed();
-        // A poisoned log only means another task panicked mid-push; the entries stand.
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(Recorded { at, what });
-    }
-
-    pub(super) fn take(&self) -> Vec<Recorded> {
-        let mut log = std::mem::take(&mut *self.log.lock().unwrap_or_else(|e| e.into_inner()));
-        log.sort_by_key(|recorded| recorded.at);
-        log
-    }
-}
+pub(super) type Recorder = crate::timeline::Recorder<Event>;

@@ -5,7 +5,7 @@ use std::fmt;
 use super::history::Recorded;
 use super::{PausePoint, Protection, Step};
 use crate::payments::Charge;
-use crate::scenario::Holder;
+use crate::scenario::{Holder, Quoted};
 
 /// One charge request an instance made, and the provider's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -243,16 +243,6 @@ impl Report {
     /// Every way the outcomes differ from the predicted ones (empty when all is well).
     pub fn problems(&self) -> Vec<String> {
         self.rounds.iter().flat_map(Round::problems).collect()
-    }
-}
-
-/// `["a" "b"]`, as the main scenario prints lists.
-struct Quoted<'a>(&'a [&'a str]);
-
-impl fmt::Display for Quoted<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let quoted: Vec<String> = self.0.iter().map(|value| format!("{value:?}")).collect();
-        write!(f, "[{}]", quoted.join(" "))
     }
 }
 

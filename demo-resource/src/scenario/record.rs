@@ -2,8 +2,6 @@
 //! the raw material of its timeline picture (`scenario/picture.rs`).
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
 
 /// One of the scenario's three rounds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,37 +88,7 @@ pub enum Happening {
 }
 
 /// A [`Happening`] and when, since the run started.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Recorded {
-    /// Time since the run started (the monotonic clock).
-    pub at: Duration,
-    /// What.
-    pub what: Happening,
-}
+pub type Recorded = crate::timeline::Recorded<Happening>;
 
 /// Collects [`Recorded`]s from every task of a run.
-#[derive(Debug, Clone)]
-pub(super) struct Recorder {
-    start: Instant,
-    log: Arc<Mutex<Vec<Recorded>>>,
-}
-
-impl Recorder {
-    pub(super) fn new() -> Self {
-        Self { start: Instant::now(), log: Arc::default() }
-    }
-
-    /// Notes `what` as happening now.
-    pub(super) fn note(&self, what: Happening) {
-        let at = self.start.elapsed();
-        // A poisoned log only means another task panicked mid-push; the entries stand.
-        self.log.lock().unwrap_or_else(|e| e.into_inner()).push(Recorded { at, what });
-    }
-
-    /// Everything noted so far, in order.
-    pub(super) fn take(&self) -> Vec<Recorded> {
-        let mut log = std::mem::take(&mut *self.log.lock().unwrap_or_else(|e| e.into_inner()));
-        log.sort_by_key(|recorded| recorded.at);
-        log
-    }
-}
+pub(super) type Recorder = crate::timeline::Recorder<Happening>;

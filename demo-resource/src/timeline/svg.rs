@@ -303,25 +303,13 @@ fn legend(svg: &mut String, timeline: &Timeline, layout: &Layout) {
             r##"<rect x="{x}" y="{}" width="18" height="10" rx="2" fill="{fill}" stroke="{stroke}"/>"##,
             y - 9.0
         );
-        let _ = writeln!(
-            svg,
-            r##"<text x="{}" y="{y}" font-size="11" fill="#333">{}</text>"##,
-            x + 23.0,
-            esc(words)
-        );
-        x += entry_width(words);
+        x += legend_words(svg, x, y, "#333", words);
     }
     for tone in tones {
         let (colour, _) = tone_style(tone);
         let words = tone_words(timeline, tone);
         let _ = writeln!(svg, r##"<circle cx="{}" cy="{}" r="5" fill="{colour}"/>"##, x + 9.0, y - 4.0);
-        let _ = writeln!(
-            svg,
-            r##"<text x="{}" y="{y}" font-size="11" fill="#333">{}</text>"##,
-            x + 23.0,
-            esc(words)
-        );
-        x += entry_width(words);
+        x += legend_words(svg, x, y, "#333", words);
     }
     if flagged {
         let _ = writeln!(
@@ -330,11 +318,17 @@ fn legend(svg: &mut String, timeline: &Timeline, layout: &Layout) {
             x + 9.0,
             y - 4.0
         );
-        let _ = writeln!(
-            svg,
-            r##"<text x="{}" y="{y}" font-size="11" fill="{FLAG}">{}</text>"##,
-            x + 23.0,
-            esc(flag_words(timeline))
-        );
+        legend_words(svg, x, y, FLAG, flag_words(timeline));
     }
+}
+
+/// A legend entry's words in `colour`, right of its mark at `x`; the entry's width.
+fn legend_words(svg: &mut String, x: f64, y: f64, colour: &str, words: &str) -> f64 {
+    let _ = writeln!(
+        svg,
+        r##"<text x="{}" y="{y}" font-size="11" fill="{colour}">{}</text>"##,
+        x + 23.0,
+        esc(words)
+    );
+    entry_width(words)
 }

@@ -118,6 +118,16 @@ async fn resource(locks: &Locks) -> (String, Arc<Seen>, oneshot::Receiver<()>) {
     (format!("http://{addr}"), seen, dropped_rx)
 }
 
+/// [`resource`], and a receiver told each time a `PUT /slow/...` handler has started.
+async fn slow_resource(
+    locks: &Locks,
+) -> (String, Arc<Seen>, oneshot::Receiver<()>, mpsc::UnboundedReceiver<()>) {
+    let (base, seen, handler_dropped) = resource(locks).await;
+    let (started_tx, started) = mpsc::unbounded_channel();
+    *seen.slow_started.lock().unwrap() = Some(started_tx);
+    (base, seen, handler_dropped, started)
+}
+
 type HyperClient = Client<HttpConnector, Full<Bytes>>;
 type HyperError = FencedClientError<hyper_util::client::legacy::Error>;
 
@@ -181,9 +191,7 @@ async fn hyper_util_requests_carry_the_lease_and_none_is_sent_once_it_is_lost() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_in_flight_is_cancelled_when_the_lease_is_lost() {
     let locks = Locks::start().await;
-    let (base, seen, handler_dropped) = resource(&locks).await;
-    let (started_tx, mut started) = mpsc::unbounded_channel();
-    *seen.slow_started.lock().unwrap() = Some(started_tx);
+    let (base, seen, handler_dropped, mut started) = slow_resource(&locks).await;
     let lease = locks.lease("slow-report").await;
     let client = ServiceBuilder::new().layer(lease.layer()).service(hyper_client());
 
@@ -493,9 +501,7 @@ mod middleware {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn send_is_fenced_and_stops_once_the_lease_is_lost() {
         let locks = Locks::start().await;
-        let (base, seen, handler_dropped) = resource(&locks).await;
-        let (started_tx, mut started) = mpsc::unbounded_channel();
-        *seen.slow_started.lock().unwrap() = Some(started_tx);
+        let (base, seen, handler_dropped, mut started) = slow_resource(&locks).await;
         let lease = locks.lease("mw").await;
         let http = client(&lease);
 

@@ -199,26 +199,34 @@ async fn run_stops_in_flight_work_on_loss() {
 
 #[tokio::test(start_paused = true)]
 async fn dropping_the_handle_stops_keepalives_and_cancels() {
-    let fake = Fake::new(usize::MAX, None);
-    let lease = lease(&fake).await;
+    let (fake, lease) = renewed_once().await;
     let token = lease.cancellation_token();
-    sleep(ms(1500)).await;
-    assert_eq!(fake.keepalive_times().len(), 1);
     drop(lease);
     assert!(token.is_cancelled());
-    sleep(ms(10_000)).await;
-    assert_eq!(fake.keepalive_times().len(), 1);
+    assert_no_more_keepalives(&fake).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn release_cancels_then_releases_and_stops_keepalives() {
-    let fake = Fake::new(usize::MAX, None);
-    let lease = lease(&fake).await;
+    let (fake, lease) = renewed_once().await;
     let token = lease.cancellation_token();
-    sleep(ms(1500)).await;
     lease.release().await.unwrap();
     assert!(token.is_cancelled());
     assert_eq!(fake.releases.load(Ordering::SeqCst), 1);
+    assert_no_more_keepalives(&fake).await;
+}
+
+/// A lease on a backend that always renews, 1.5 s in: renewed once.
+async fn renewed_once() -> (Arc<Fake>, Lease) {
+    let fake = Fake::new(usize::MAX, None);
+    let lease = lease(&fake).await;
+    sleep(ms(1500)).await;
+    assert_eq!(fake.keepalive_times().len(), 1);
+    (fake, lease)
+}
+
+/// Ten more seconds bring no renewal after the first.
+async fn assert_no_more_keepalives(fake: &Fake) {
     sleep(ms(10_000)).await;
     assert_eq!(fake.keepalive_times().len(), 1);
 }

@@ -11,6 +11,9 @@
 mod conformance;
 #[path = "../common/mod.rs"]
 mod common;
+#[cfg(feature = "postgres")]
+#[path = "../../../demo-lock-service/tests/fault_tools/mod.rs"]
+mod fault_tools;
 
 mod authenticity;
 mod client_layer;

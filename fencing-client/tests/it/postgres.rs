@@ -2,24 +2,23 @@
 //! (axum behind `FencingLayer`) taking the writes.
 //!
 //! Most tests use the local PostgreSQL (127.0.0.1:5432, user postgres, trust auth), each
-//! in a database of its own, dropped at the end. The restart test starts a cluster of its
-//! own (initdb in a temporary directory, an ephemeral port) so that it can kill -9 it.
+//! in a database of its own, dropped at the end. The restart test starts a server of its
+//! own (test-support's `OwnPg`: initdb in a temporary directory, an ephemeral port) so that
+//! it can kill -9 it.
 //! Without PostgreSQL these tests print SKIPPED and pass, unless `CI=true`.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use fencing_client::{
     Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LossReason, PgLockClient,
     backend::LockStatus,
 };
-use test_support::{Proxy, TestDb, skip};
+use test_support::{OwnPg, Proxy, TestDb};
 use tokio::time::sleep;
-use tokio_postgres::NoTls;
 
-use crate::common::{cancelled_at, lost_by_its_deadline};
+use crate::common::{cancelled_at, fenced_resource, lost_by_its_deadline, write_doc};
 use crate::conformance::{Backend, Restartable};
+use crate::fault_tools::{FAKETIME_SEEN_WITHIN, FakeClock};
 
 /// A migrated client of the test's database.
 async fn client(db: &TestDb) -> PgLockClient {
@@ -66,29 +65,26 @@ impl Backend for TestDb {
     }
 }
 
-impl Restartable for Cluster {
+impl Restartable for OwnPg {
     type Locks = PgLockClient;
     const NAME: &'static str = "PostgreSQL";
     async fn start() -> Option<Self> {
-        let mut cluster = Cluster::init()?;
-        cluster.start().await;
-        Some(cluster)
+        OwnPg::start()
     }
     async fn locks(&self) -> PgLockClient {
-        let locks = PgLockClient::connect(&self.url()).unwrap();
+        let locks = PgLockClient::connect_with(self.config()).unwrap();
         locks.migrate().await.unwrap();
         locks
     }
     async fn kill_9_and_restart(&mut self) {
-        self.kill();
-        self.start().await;
+        self.kill_9_and_start_again();
     }
     /// The pool reconnects after the restart.
     const NEW_CLIENT_PER_LIFE: bool = false;
 }
 
 conformance!(TestDb);
-restart_conformance!(Cluster);
+restart_conformance!(OwnPg);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_lease_nobody_took_over_cannot_be_renewed() {
@@ -133,6 +129,38 @@ async fn unreachable_database_cancels_the_handle_by_its_deadline() {
     assert!(lease.is_valid());
     proxy.blackhole();
     lost_by_its_deadline(&lease).await;
+}
+
+/// A session that commits without waiting for its WAL (`synchronous_commit = off`): a crash
+/// could take grants back, so tokens could repeat.
+fn volatile_url(db: &TestDb) -> String {
+    format!("{}&options=-c%20synchronous_commit%3Doff", db.url())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_could_lose_grants_is_refused_with_the_way_out() {
+    let Some(db) = TestDb::create().await else { return };
+    let locks = PgLockClient::connect(&volatile_url(&db)).unwrap();
+    for refused in [locks.check_durability().await, locks.migrate().await] {
+        match refused {
+            Err(LockError::NotDurable(e)) => assert!(
+                e.contains("synchronous_commit is off") && e.contains("accept_volatile_counter(true)"),
+                "{e}"
+            ),
+            other => panic!("expected NotDurable, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_volatile_counter_takes_a_server_that_could_lose_grants() {
+    let Some(db) = TestDb::create().await else { return };
+    let locks = PgLockClient::connect(&volatile_url(&db)).unwrap().accept_volatile_counter(true);
+    locks.migrate().await.unwrap();
+    let grant = locks.acquire("report", "a", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(grant.token, 1);
+    // Asked directly, the server is still what it is.
+    assert!(matches!(locks.check_durability().await, Err(LockError::NotDurable(_))));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,121 +209,79 @@ async fn bad_input_and_a_missing_table_are_clear_errors() {
     assert_eq!(locks.lock_status("x").await.unwrap(), None);
 }
 
-// ---------- a PostgreSQL cluster of the test's own, to kill -9 ----------
+/// The boundary of `PgLockClient`'s clock: expiry is decided by the database
+/// server's wall clock (`clock_timestamp()`), never by a client's. A PostgreSQL of
+/// the test's own under libfaketime (wall clock only), the clock moved while leases
+/// are held (RELIABILITY.md §29):
+/// * **+1 h**: a 60 s lease ends at once on the server although its holder still
+///   trusts it; the next holder gets a higher token, the old holder's write is
+///   refused (409) and its keeper is cancelled at its next renewal.
+/// * **−1 h**: a 1 s lease lives an hour longer: nobody else gets the lock after
+///   its TTL (the cost of trusting one clock; a released lease is free at once).
+/// * Tokens keep increasing through both moves and a `kill -9` restart an hour back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_clock_decides_expiry_and_tokens_ignore_it() {
+    // The spec file in the server's directory: the server's user must read it.
+    let mut fake = None;
+    let Some(pg) = OwnPg::start_with_env(|dir| {
+        let clock = FakeClock::new(dir);
+        let env = clock.as_ref().map(|clock| clock.env(true)).unwrap_or_default();
+        fake = clock;
+        env
+    }) else {
+        return;
+    };
+    let Some(clock) = fake else { return };
+    let locks = PgLockClient::connect_with(pg.config()).unwrap();
+    locks.migrate().await.unwrap();
+    let (resource, _docs) = fenced_resource().await;
 
-struct Cluster {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Option<Child>,
-    owner: Option<(u32, u32)>,
-}
+    // Forward an hour: the server ends a 60 s lease at once.
+    let options = LeaseOptions::default().renew_every(Duration::from_millis(300));
+    let a = locks.lease_with("job", "client-a", Duration::from_secs(60), options).await.unwrap();
+    assert_eq!(write_doc(&resource, "job", a.token(), "a").await, 200);
+    clock.set("+1h");
+    sleep(FAKETIME_SEEN_WITHIN).await;
+    let b = locks
+        .acquire("job", "client-b", Duration::from_secs(60))
+        .await
+        .expect("granted at once: a's lease ended");
+    assert!(b.token > a.token(), "{} after {}", b.token, a.token());
+    assert_eq!(write_doc(&resource, "job", b.token, "b").await, 200);
+    assert_eq!(write_doc(&resource, "job", a.token(), "a, late").await, 409, "the old holder fenced");
+    cancelled_at(&a, Duration::from_secs(3)).await;
+    assert_eq!(a.loss_reason(), Some(LossReason::RenewalFailed(LockError::LeaseNotFound)));
+    locks.release(&b).await.unwrap();
 
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
+    // Back an hour: a 1 s lease granted before the step lives an hour longer.
+    clock.set("+0");
+    sleep(FAKETIME_SEEN_WITHIN).await;
+    let c = locks.acquire("job", "client-c", Duration::from_secs(1)).await.unwrap();
+    assert!(c.token > b.token);
+    clock.set("-1h");
+    sleep(Duration::from_millis(1500)).await; // past its TTL in real time
+    let held = locks.acquire("job", "client-d", Duration::from_secs(1)).await;
+    assert!(matches!(held, Err(LockError::Held { .. })), "{held:?}");
+    let status = locks.lock_status("job").await.unwrap().expect("c still holds it on the server");
+    assert!(status.expires_in > Duration::from_secs(3_500), "{status:?}");
+    locks.release(&c).await.unwrap();
+    let d = locks.acquire("job", "client-d", Duration::from_secs(1)).await.unwrap();
+    assert!(d.token > c.token);
 
-impl Cluster {
-    /// initdb in a fresh temporary directory, or `None` (after SKIPPED) without the binaries.
-    fn init() -> Option<Cluster> {
-        let Some(bin) = pg_bin() else { return skip("PostgreSQL server binaries (initdb) not found") };
-        let dir = tempfile::tempdir().unwrap();
-        // PostgreSQL refuses to run as root: run it as the `postgres` user then.
-        let owner = if is_root() {
-            Some(postgres_user().expect("no `postgres` user to run PostgreSQL as"))
-        } else {
-            None
-        };
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).unwrap();
-        }
-        let status = run_as(Command::new(bin.join("initdb")), owner)
-            .args(["-D", "data", "-U", "postgres", "--auth=trust", "--no-sync"])
-            .current_dir(dir.path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success(), "initdb failed");
-        Some(Cluster { bin, dir, port: test_support::free_port(), child: None, owner })
-    }
-
-    fn url(&self) -> String {
-        format!("host=127.0.0.1 port={} user=postgres dbname=postgres connect_timeout=2", self.port)
-    }
-
-    /// Starts the postmaster and waits (at most 30 s) until it accepts connections.
-    async fn start(&mut self) {
-        for _ in 0..60 {
-            let log = std::fs::File::create(self.dir.path().join("pg.log")).unwrap();
-            let child = run_as(Command::new(self.bin.join("postgres")), self.owner)
-                .arg("-D")
-                .arg(self.dir.path().join("data"))
-                .args(["-p", &self.port.to_string(), "-c", "listen_addresses=127.0.0.1"])
-                .args(["-c", "unix_socket_directories=", "-c", "fsync=on"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .unwrap();
-            self.child = Some(child);
-            for _ in 0..20 {
-                if let Some(Ok(Some(_))) = self.child.as_mut().map(Child::try_wait) {
-                    break; // exited: old backends still hold shared memory after a kill -9; retry
-                }
-                if tokio_postgres::connect(&self.url(), NoTls).await.is_ok() {
-                    return;
-                }
-                sleep(Duration::from_millis(100)).await;
-            }
-            self.kill();
-            sleep(Duration::from_millis(400)).await;
-        }
-        let log = std::fs::read_to_string(self.dir.path().join("pg.log")).unwrap_or_default();
-        panic!("PostgreSQL did not start:\n{log}");
-    }
-
-    /// SIGKILL to the postmaster, no shutdown of any kind.
-    fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-fn run_as(mut command: Command, owner: Option<(u32, u32)>) -> Command {
-    use std::os::unix::process::CommandExt;
-    if let Some((uid, gid)) = owner {
-        command.uid(uid).gid(gid);
-    }
-    command
-}
-
-fn pg_bin() -> Option<PathBuf> {
-    let mut found: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
-        .filter(|bin| bin.join("initdb").is_file() && bin.join("postgres").is_file())
-        .collect();
-    found.sort();
-    found.pop()
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find(|l| l.starts_with("Uid:")).map(|l| l.split_whitespace().nth(1) == Some("0"))
-        })
-        .unwrap_or(false)
-}
-
-fn postgres_user() -> Option<(u32, u32)> {
-    let passwd = std::fs::read_to_string(Path::new("/etc/passwd")).ok()?;
-    let line = passwd.lines().find(|l| l.starts_with("postgres:"))?;
-    let fields: Vec<&str> = line.split(':').collect();
-    Some((fields.get(2)?.parse().ok()?, fields.get(3)?.parse().ok()?))
+    // kill -9 and a restart with the server's clock still an hour back.
+    pg.kill_9_and_start_again();
+    let e = locks.acquire("after-restart", "client-e", Duration::from_secs(1)).await.unwrap();
+    assert!(e.token > d.token, "{} after {}", e.token, d.token);
+    eprintln!(
+        "PgLockClient, server clock +1h: a 60 s lease ended at once (token {} fenced by {}); -1h: a 1 s lease \
+         had {:?} left after 1.5 s; tokens {} < {} < {} < {} < {} across the moves and a kill -9 restart",
+        a.token(),
+        b.token,
+        status.expires_in,
+        a.token(),
+        b.token,
+        c.token,
+        d.token,
+        e.token
+    );
 }

@@ -14,7 +14,6 @@ use std::task::{Context, Poll, ready};
 use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::sync::oneshot;
-use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::metrics::Stopwatch;
@@ -24,8 +23,9 @@ use crate::store::admission::{Admission, KeyState, WaitFor};
 use crate::store::sync::OwnedNotified;
 use crate::verify::{Verification, VerifyError};
 
+use super::deadline::Deadline;
 use super::pending::Pending;
-use super::{Kind, Step, deadline_after};
+use super::{Kind, Step};
 
 pin_project! {
     /// A request that is not inside yet: what it waits for, its bound, and itself.
@@ -35,7 +35,7 @@ pin_project! {
         #[pin]
         wake: Wake,
         #[pin]
-        deadline: Sleep,
+        deadline: Deadline,
         state: Arc<KeyState>,
         // Taken when the request enters.
         pending: Option<Pending<S, B, E, R>>,
@@ -96,7 +96,7 @@ impl<S, B, E, R> Waiting<S, B, E, R> {
                 unreachable!("enter and stale are answered in `call`")
             }
         };
-        let deadline = tokio::time::sleep_until(deadline_after(pending.settings.config.bound(wake.bound())));
+        let deadline = Deadline::after(pending.settings.config.bound(wake.bound()));
         Box::pin(Self { wake, deadline, state, pending: Some(pending), drain, record })
     }
 }
@@ -161,7 +161,7 @@ where
                         // A new bound when the wait changes kind (the write is
                         // done, the drain begins); the same bound otherwise.
                         if waiting_for != waited_for {
-                            deadline.as_mut().reset(deadline_after(config.bound(waiting_for)));
+                            deadline.as_mut().reset(config.bound(waiting_for));
                         }
                         wake.set(Wake::Notified { notified, waiting_for });
                         continue;
@@ -169,13 +169,13 @@ where
                     Admission::Record(duty) => {
                         // The previous write failed: this request writes, with its own bound.
                         waiting.record.start();
-                        deadline.as_mut().reset(deadline_after(config.store.write_timeout()));
+                        deadline.as_mut().reset(config.store.write_timeout());
                         wake.set(pending.record(duty));
                         continue;
                     }
                     Admission::Verify { mark } => {
                         // An operator reset the mark below this token while it waited.
-                        deadline.as_mut().reset(deadline_after(config.verify_timeout));
+                        deadline.as_mut().reset(config.verify_timeout);
                         wake.set(Wake::Verifying { verification: pending.verify(mark) });
                         continue;
                     }

@@ -14,7 +14,6 @@ use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::grpc::is_grpc;
@@ -26,8 +25,9 @@ use crate::store::{SharedAdmission, SharedPermit, SharedRefusal, StoreError};
 use crate::token::FencingToken;
 use crate::verify::Verification;
 
+use super::deadline::Deadline;
 use super::pending::Pending;
-use super::{Kind, Step, deadline_after};
+use super::{Kind, Step};
 
 pin_project! {
     /// A request waiting for a shared store: the verifier's answer first where
@@ -37,7 +37,7 @@ pin_project! {
         verification: Option<Verification>,
         admission: Option<SharedAdmission>,
         #[pin]
-        deadline: Sleep,
+        deadline: Deadline,
         pending: Option<Pending<S, B, E, R>>,
     }
 }
@@ -75,7 +75,7 @@ impl<S, B, E, R> SharedWaiting<S, B, E, R> {
             Some(floor) if token > floor => (Some(pending.verify(floor)), None, config.verify_timeout),
             _ => (None, Some(pending.admit_shared()), config.shared_store_bound()),
         };
-        let deadline = tokio::time::sleep_until(deadline_after(bound));
+        let deadline = Deadline::after(bound);
         Box::pin(Self { verification, admission, deadline, pending: Some(pending) })
     }
 }
@@ -129,7 +129,7 @@ where
                     Ok(_) => {
                         *waiting.verification = None;
                         *waiting.admission = Some(pending.admit_shared());
-                        waiting.deadline.as_mut().reset(deadline_after(config.shared_store_bound()));
+                        waiting.deadline.as_mut().reset(config.shared_store_bound());
                         continue;
                     }
                     Err(error) => pending.store_error(error),

@@ -35,6 +35,7 @@
 
 mod admitting;
 mod claimed;
+mod deadline;
 mod pending;
 mod watched;
 
@@ -42,11 +43,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::Duration;
 
 use http::{HeaderMap, Request, Response};
 use pin_project_lite::pin_project;
-use tokio::time::Instant;
 use tower_service::Service;
 
 use crate::grpc::is_grpc;
@@ -145,14 +144,6 @@ impl Place {
     pub(crate) fn new(guard: InsideGuard, config: &Config) -> Self {
         Self { _guard: guard, _counted: config.metrics.admitted() }
     }
-}
-
-/// `bound` from now. Any `Duration`, up to `Duration::MAX`, is a valid bound:
-/// past what `Instant` can hold it means "as good as never", as with tokio's `sleep`.
-fn deadline_after(bound: Duration) -> Instant {
-    const FAR_FUTURE: Duration = Duration::from_secs(86_400 * 365 * 30);
-    let now = Instant::now();
-    now.checked_add(bound).unwrap_or_else(|| now + FAR_FUTURE)
 }
 
 impl<S, B, E, R, ResBody> ResponseFuture<S, B, E, R>

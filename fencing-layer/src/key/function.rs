@@ -166,7 +166,7 @@ impl<F> std::fmt::Debug for OwnedKeyFn<F> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

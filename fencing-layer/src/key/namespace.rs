@@ -58,7 +58,7 @@ impl<B, E: KeyExtractor<B>> KeyExtractor<B> for Namespaced<E> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use crate::key::{GlobalKey, HeaderKey, PathKey};

@@ -63,7 +63,7 @@ impl<B> KeyExtractor<B> for PathParamKey {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 

@@ -11,7 +11,7 @@
 //!
 //! ```sh
 //! RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=2 \
-//!     cargo test -p fencing-layer --lib --release -- loom_model
+//!     cargo test -p fencing-layer --lib --profile loom -- loom_model
 //! ```
 //!
 //! `fencing-layer/loom-mutants.sh` breaks the rule in each way the model must

@@ -292,7 +292,7 @@ impl fmt::Debug for ReopeningDatabase {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use std::fs::OpenOptions;
     use std::sync::Arc;

@@ -5,7 +5,6 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-pub mod own_pg;
 pub mod replicas;
 
 /// The proxy that can stall (test-support's).

@@ -36,8 +36,8 @@ use tower::{Service, ServiceExt};
 const HOT: &str = "/logs/hot";
 
 /// The lock service's key for the `*_raise` services' proofs.
-static SIGNER: std::sync::LazyLock<fencing_layer::ProofSigner> =
-    std::sync::LazyLock::new(|| fencing_layer::ProofSigner::generate().expect("randomness"));
+static SIGNER: std::sync::LazyLock<fencing_layer::verify::ProofSigner> =
+    std::sync::LazyLock::new(|| fencing_layer::verify::ProofSigner::generate().expect("randomness"));
 
 fn main() {
     let mut args = std::env::args().skip(1);

@@ -83,10 +83,10 @@ pub fn fenced_lean(store: MarkStore) -> Router {
     routes().route_layer(FencingLayer::new().store(store).token_extension(false))
 }
 
-/// [`routes`] fenced with `store` and an [`Ed25519Verifier`](fencing_layer::Ed25519Verifier)
+/// [`routes`] fenced with `store` and an [`Ed25519Verifier`](fencing_layer::verify::Ed25519Verifier)
 /// trusting `signer`'s key, each path its own lock.
-pub fn fenced_verified(store: MarkStore, signer: &fencing_layer::ProofSigner) -> Router {
-    let verifier = fencing_layer::Ed25519Verifier::new(signer.public_key());
+pub fn fenced_verified(store: MarkStore, signer: &fencing_layer::verify::ProofSigner) -> Router {
+    let verifier = fencing_layer::verify::Ed25519Verifier::new(signer.public_key());
     routes().route_layer(FencingLayer::new().store(store).verifier(verifier))
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 /// holder's capability): the types fencing-client's backends report, so the service and
 /// its clients share one definition. The service's `proof` is
 /// [`ProofSigner::sign`](crate::ProofSigner::sign) of (`name`, `token`) when it has a key.
-pub use fencing_client::{Grant, LockStatus};
+pub use fencing_client::{Grant, backend::LockStatus};
 
 /// A successful keepalive.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -5,24 +5,22 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION, RETRY_AFTER};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, LOCATION};
 use axum::http::request::Parts;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use fencing_layer::respond::Problem;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::service::check_text;
 use crate::{AcquireError, LockService, TokenCheck};
 
 /// Largest accepted request body, in bytes; a larger body gets 413.
 pub const MAX_BODY_BYTES: usize = 4096;
-
-/// The prefix of every problem `type` URI this service emits.
-const PROBLEM_TYPE_PREFIX: &str = "urn:fencing:problem:";
 
 pub(crate) fn router(service: LockService) -> Router {
     let router = Router::new();
@@ -43,73 +41,36 @@ pub(crate) fn router(service: LockService) -> Router {
         .with_state(service)
 }
 
-/// An RFC 9457 problem details response.
-#[derive(Debug)]
-pub(crate) struct Problem {
+// Problem details in the fencing layer's shape (`urn:fencing:problem:…`, members in
+// RFC 9457 order, then the extension members): one rendering for every service in
+// the workspace, so a client reads the lock service's refusals as the resource's.
+
+/// A problem of `kind`, answered with `status`.
+fn problem(
     status: StatusCode,
     kind: &'static str,
     title: &'static str,
-    detail: String,
-    extra: Map<String, Value>,
-    retry_after_secs: Option<u64>,
+    detail: impl Into<String>,
+) -> Problem {
+    Problem::new(status, kind, title).detail(detail)
 }
 
-impl Problem {
-    fn new(status: StatusCode, kind: &'static str, title: &'static str, detail: String) -> Self {
-        Problem { status, kind, title, detail, extra: Map::new(), retry_after_secs: None }
-    }
-
-    fn bad_request(detail: impl Into<String>) -> Self {
-        Problem::new(StatusCode::BAD_REQUEST, "bad-request", "Bad request", detail.into())
-    }
-
-    fn lease_not_found() -> Self {
-        Problem::new(
-            StatusCode::NOT_FOUND,
-            "lease-not-found",
-            "Lease not found",
-            "the lease is expired, released or unknown".into(),
-        )
-    }
-
-    fn unavailable(detail: String) -> Self {
-        let mut p =
-            Problem::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable", detail);
-        p.retry_after_secs = Some(1);
-        p
-    }
+fn bad_request(detail: impl Into<String>) -> Problem {
+    problem(StatusCode::BAD_REQUEST, "bad-request", "Bad request", detail)
 }
 
-/// The problem body: members in RFC 9457 order, then the extension members.
-#[derive(Serialize)]
-struct ProblemBody<'a> {
-    #[serde(rename = "type")]
-    kind: String,
-    title: &'a str,
-    status: u16,
-    detail: &'a str,
-    #[serde(flatten)]
-    extra: &'a Map<String, Value>,
+fn lease_not_found() -> Problem {
+    problem(
+        StatusCode::NOT_FOUND,
+        "lease-not-found",
+        "Lease not found",
+        "the lease is expired, released or unknown",
+    )
 }
 
-impl IntoResponse for Problem {
-    fn into_response(self) -> Response {
-        let body = ProblemBody {
-            kind: format!("{PROBLEM_TYPE_PREFIX}{}", self.kind),
-            title: self.title,
-            status: self.status.as_u16(),
-            detail: &self.detail,
-            extra: &self.extra,
-        };
-        let body = serde_json::to_string(&body).unwrap_or_default();
-        let mut response = (self.status, body).into_response();
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-        if let Some(secs) = self.retry_after_secs {
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
-    }
+fn unavailable(detail: String) -> Problem {
+    problem(StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable", detail)
+        .retry_after(Duration::from_secs(1))
 }
 
 fn json_response(status: StatusCode, value: impl Serialize) -> Response {
@@ -132,7 +93,7 @@ where
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, Problem> {
         let too_large = || {
-            Problem::new(
+            problem(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body-too-large",
                 "Request body too large",
@@ -140,11 +101,11 @@ where
             )
         };
         if !is_json(req.headers().get(CONTENT_TYPE)) {
-            return Err(Problem::new(
+            return Err(problem(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported-media-type",
                 "Unsupported media type",
-                "the body must be JSON, sent with Content-Type: application/json".into(),
+                "the body must be JSON, sent with Content-Type: application/json",
             ));
         }
         if let Some(len) = req.headers().get(CONTENT_LENGTH)
@@ -161,18 +122,18 @@ where
             Ok(collected) => collected.to_bytes(),
             Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => return Err(too_large()),
             Err(e) => {
-                return Err(Problem::bad_request(format!("failed to read the request body: {e}")));
+                return Err(bad_request(format!("failed to read the request body: {e}")));
             }
         };
-        let value: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| Problem::bad_request(format!("invalid JSON body: {e}")))?;
+        let value: Value =
+            serde_json::from_slice(&bytes).map_err(|e| bad_request(format!("invalid JSON body: {e}")))?;
         if !value.is_object() {
             // serde would also accept a struct written as an array.
-            return Err(Problem::bad_request("the body must be a JSON object"));
+            return Err(bad_request("the body must be a JSON object"));
         }
         serde_json::from_value(value)
             .map(StrictJson)
-            .map_err(|e| Problem::bad_request(format!("invalid request: {e}")))
+            .map_err(|e| bad_request(format!("invalid request: {e}")))
     }
 }
 
@@ -197,7 +158,7 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Problem> {
         match Path::<T>::from_request_parts(parts, state).await {
             Ok(Path(v)) => Ok(ApiPath(v)),
-            Err(e) => Err(Problem::bad_request(e.body_text())),
+            Err(e) => Err(bad_request(e.body_text())),
         }
     }
 }
@@ -255,32 +216,30 @@ async fn acquire(State(service): State<LockService>, StrictJson(body): StrictJso
             }
             response
         }
-        Err(AcquireError::Invalid(detail)) => Problem::bad_request(detail).into_response(),
+        Err(AcquireError::Invalid(detail)) => bad_request(detail).into_response(),
         Err(AcquireError::Held { holder, expires_in }) => {
             let expires_in_ms = ceil_ms(expires_in);
-            let mut p = Problem::new(
+            problem(
                 StatusCode::CONFLICT,
                 "lock-held",
                 "Lock held by another holder",
                 format!("lock {:?} is held by {holder:?} for another {expires_in_ms} ms", body.name),
-            );
-            p.extra.insert("holder".into(), Value::String(holder));
-            p.extra.insert("expires_in_ms".into(), Value::from(expires_in_ms));
-            p.retry_after_secs = Some(expires_in_ms.div_ceil(1000));
-            p.into_response()
+            )
+            .number("expires_in_ms", expires_in_ms)
+            .text("holder", holder)
+            .retry_after(Duration::from_millis(expires_in_ms))
+            .into_response()
         }
-        Err(AcquireError::Full { max_leases, retry_after }) => {
-            let mut p = Problem::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "lease-table-full",
-                "Too many leases held",
-                format!("{max_leases} leases are held, the most this service keeps; none was evicted"),
-            );
-            p.extra.insert("max_leases".into(), Value::from(max_leases));
-            p.retry_after_secs = Some(ceil_ms(retry_after).div_ceil(1000).max(1));
-            p.into_response()
-        }
-        Err(AcquireError::Unavailable(detail)) => Problem::unavailable(detail).into_response(),
+        Err(AcquireError::Full { max_leases, retry_after }) => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "lease-table-full",
+            "Too many leases held",
+            format!("{max_leases} leases are held, the most this service keeps; none was evicted"),
+        )
+        .number("max_leases", max_leases as u64)
+        .retry_after(retry_after)
+        .into_response(),
+        Err(AcquireError::Unavailable(detail)) => unavailable(detail).into_response(),
     }
 }
 
@@ -290,15 +249,15 @@ async fn keepalive(State(service): State<LockService>, ApiPath(lease_id): ApiPat
             StatusCode::OK,
             RenewalBody { lease_id: &r.lease_id, token: r.token, ttl_ms: ceil_ms(r.ttl) },
         ),
-        None => Problem::lease_not_found().into_response(),
+        None => lease_not_found().into_response(),
     }
 }
 
 async fn release(State(service): State<LockService>, ApiPath(lease_id): ApiPath<String>) -> Response {
     match service.release(&lease_id).await {
         Ok(true) => StatusCode::NO_CONTENT.into_response(),
-        Ok(false) => Problem::lease_not_found().into_response(),
-        Err(e) => Problem::unavailable(e.to_string()).into_response(),
+        Ok(false) => lease_not_found().into_response(),
+        Err(e) => unavailable(e.to_string()).into_response(),
     }
 }
 
@@ -313,13 +272,10 @@ async fn lock_status(State(service): State<LockService>, ApiPath(name): ApiPath<
                 expires_in_ms: ceil_ms(s.expires_in),
             },
         ),
-        None => Problem::new(
-            StatusCode::NOT_FOUND,
-            "lock-free",
-            "Lock is free",
-            format!("lock {name:?} is not held"),
-        )
-        .into_response(),
+        None => {
+            problem(StatusCode::NOT_FOUND, "lock-free", "Lock is free", format!("lock {name:?} is not held"))
+                .into_response()
+        }
     }
 }
 
@@ -342,10 +298,10 @@ async fn check_token(
     ApiPath((name, token)): ApiPath<(String, String)>,
 ) -> Response {
     if let Err(AcquireError::Invalid(detail)) = check_text("lock name", &name) {
-        return Problem::bad_request(detail).into_response();
+        return bad_request(detail).into_response();
     }
     let Some(token) = parse_token(&token) else {
-        return Problem::bad_request(format!(
+        return bad_request(format!(
             "token {token:?} is not a canonical decimal u64 (digits only, no leading zeros, at most 18446744073709551615)"
         ))
         .into_response();
@@ -379,26 +335,18 @@ async fn healthz() -> &'static str {
 async fn readyz(State(service): State<LockService>) -> Response {
     match service.ready().await {
         Ok(()) => "ready\n".into_response(),
-        Err(e) => {
-            let mut p =
-                Problem::new(StatusCode::SERVICE_UNAVAILABLE, "not-ready", "Not ready", e.to_string());
-            p.retry_after_secs = Some(1);
-            p.into_response()
-        }
+        Err(e) => problem(StatusCode::SERVICE_UNAVAILABLE, "not-ready", "Not ready", e.to_string())
+            .retry_after(Duration::from_secs(1))
+            .into_response(),
     }
 }
 
 async fn not_found(req: Request) -> Problem {
-    Problem::new(
-        StatusCode::NOT_FOUND,
-        "not-found",
-        "Not found",
-        format!("no route for {}", req.uri().path()),
-    )
+    problem(StatusCode::NOT_FOUND, "not-found", "Not found", format!("no route for {}", req.uri().path()))
 }
 
 async fn method_not_allowed(req: Request) -> Problem {
-    Problem::new(
+    problem(
         StatusCode::METHOD_NOT_ALLOWED,
         "method-not-allowed",
         "Method not allowed",

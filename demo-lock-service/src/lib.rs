@@ -11,15 +11,15 @@
 //! | `GET /v1/locks/{name}` | 200 `{"name","holder","token","expires_in_ms"}` | 404 free |
 //! | `GET /v1/locks/{name}/tokens/{token}` | 200 `{"lock","token","valid":true,"expires_in_ms"}` or `{"lock","token","valid":false,"reason"}` | 400 bad name or token |
 //! | `GET /healthz` | 200: the process answers (liveness) | |
-//! | `GET /readyz` | 200 `ready`: the store takes grants (readiness) | 503 `not-ready` with `Retry-After` while the store is closed after a disk failure (it reopens by itself: [`fencing_layer::ReopeningDatabase`]) or shut down |
+//! | `GET /readyz` | 200 `ready`: the store takes grants (readiness) | 503 `not-ready` with `Retry-After` while the store is closed after a disk failure (it reopens by itself: [`fencing_layer::store::ReopeningDatabase`]) or shut down |
 //! | `GET /metrics` | 200: grants, conflicts, expiries, keepalives and releases in Prometheus text (the binary; a library user sets [`Config::with_metrics`]) | 404 without it |
 //!
 //! Every error body is an RFC 9457 `application/problem+json` object.
 //!
 //! * With a signing key ([`Config::with_signer`], `--signing-key FILE`), every grant
 //!   also carries `"proof"`: the lock service's Ed25519 signature over (lock name,
-//!   token) in the format of [`fencing_layer::ProofSigner::sign`], which a resource
-//!   checks with [`fencing_layer::Ed25519Verifier`] before a token raises its mark.
+//!   token) in the format of [`fencing_layer::verify::ProofSigner::sign`], which a resource
+//!   checks with [`fencing_layer::verify::Ed25519Verifier`] before a token raises its mark.
 //! * The token check (Chubby's CheckSequencer) answers `valid: true` exactly when the
 //!   lock is held right now, unexpired, under that token ([`LockService::check_token`]).
 //!   A forged higher token fails; a stale holder never needs it (a resource asks only
@@ -71,7 +71,7 @@ pub use crate::metrics::install_prometheus;
 pub use answers::{Grant, LockStatus, Renewal, TokenCheck};
 pub use config::{Config, DEFAULT_MAX_LEASES, DEFAULT_MAX_TTL};
 pub use error::{AcquireError, OpenError, StorageError};
-pub use fencing_layer::ProofSigner;
+pub use fencing_layer::verify::ProofSigner;
 pub use http::MAX_BODY_BYTES;
 pub use server::RunningService;
 pub use service::{LockService, MAX_NAME_BYTES};

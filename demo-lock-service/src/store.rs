@@ -8,7 +8,7 @@
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use fencing_layer::{ReopeningDatabase, StorageFault};
+use fencing_layer::store::{ReopeningDatabase, StorageFault};
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 use serde::{Deserialize, Serialize};
 

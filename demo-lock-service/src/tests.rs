@@ -407,7 +407,7 @@ fn open_with(dir: &std::path::Path, f: impl FnOnce(Config) -> Config) -> LockSer
 
 #[tokio::test]
 async fn signed_grants_carry_a_proof_for_their_lock_and_token_only() {
-    use fencing_layer::Ed25519Verifier;
+    use fencing_layer::verify::Ed25519Verifier;
     let dir = tempfile::tempdir().unwrap();
     let signer = ProofSigner::generate().unwrap();
     let app = open_with(dir.path(), |c| c.with_signer(signer.clone())).router();

@@ -24,7 +24,7 @@ use axum::extract::{RawQuery, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use fencing_layer::{MarkStore, StoreError};
+use fencing_layer::{MarkStore, store::StoreError};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::{Deserialize, Serialize};
 

@@ -12,7 +12,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use fencing_layer::StorageFault;
+use fencing_layer::store::StorageFault;
 use fencing_postgres::FenceError;
 
 use crate::postgres::PgData;

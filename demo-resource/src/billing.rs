@@ -21,7 +21,7 @@
 //!    the mark and the call, A's call still goes out after B's: that customer is
 //!    charged twice, and only A's record of it is refused.
 //! 3. **Record and idempotency key**: the same, and each charge carries the key
-//!    [`fencing_client::IdempotencyKey::for_operation`]`(run, "charge:{customer}")`,
+//!    [`fencing_client::idempotency::IdempotencyKey::for_operation`]`(run, "charge:{customer}")`,
 //!    the same in both instances: the provider charges once and answers A's
 //!    late call with B's charge.
 //!
@@ -299,7 +299,7 @@ impl Scenario {
         let mut connection = client.connection().clone();
         let keys = [client.lock_key(LOCK), client.counter_key(LOCK)];
         let deleted: Result<(), _> =
-            fencing_client::redis::cmd("DEL").arg(&keys).query_async(&mut connection).await;
+            fencing_client::drivers::redis::cmd("DEL").arg(&keys).query_async(&mut connection).await;
         if let Err(error) = deleted {
             tracing::warn!(%error, ?keys, "could not delete the scenario's Redis keys");
         }

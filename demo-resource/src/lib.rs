@@ -116,7 +116,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencing_layer::claims::ClaimTiming;
-use fencing_layer::{Ed25519Verifier, FencingLayer, MarkStore, ProofPublicKey, TokenVerifier};
+use fencing_layer::{
+    FencingLayer, MarkStore,
+    verify::{Ed25519Verifier, ProofPublicKey, TokenVerifier},
+};
 use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;

@@ -48,7 +48,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use demo_lock_service::shutdown_signal;
 use demo_resource::timeline::Timeline;
 use demo_resource::{Config, ResetError, Resource, StoppedMarks, Storage, billing, scenario};
-use fencing_layer::ProofPublicKey;
+use fencing_layer::verify::ProofPublicKey;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;

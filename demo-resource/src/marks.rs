@@ -11,7 +11,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use fencing_layer::{MarkStore, StoreError};
+use fencing_layer::{MarkStore, store::StoreError};
 
 use crate::store::Data;
 

@@ -3,7 +3,7 @@
 //! `/healthz` says the process answers (liveness: restart it if not);
 //! `/readyz` says its stores work (readiness: send it writes only if so). After
 //! a disk failure the redb files are closed and reopened (see
-//! [`fencing_layer::ReopeningDatabase`]); each probe tries a reopen that is
+//! [`fencing_layer::store::ReopeningDatabase`]); each probe tries a reopen that is
 //! due, so readiness comes back on its own once the disk does. PostgreSQL
 //! storage is always ready here: its pool reconnects by itself and each write
 //! reports its own failure.

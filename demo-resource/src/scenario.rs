@@ -31,8 +31,8 @@ use std::time::Duration;
 
 use demo_lock_service::LockService;
 use fencing_client::{
-    DemoLockClient, EtcdLockClient, Grant, Lease, LockBackend, LockBackendExt, LockError, LockStatus,
-    PgLockClient, RedisLockClient, ZkLockClient, fence_reqwest,
+    DemoLockClient, EtcdLockClient, Grant, Lease, LockBackend, LockBackendExt, LockError, PgLockClient,
+    RedisLockClient, ZkLockClient, backend::LockStatus, header::fence_reqwest,
 };
 use serde_json::Value;
 
@@ -311,7 +311,8 @@ pub async fn run_with(source: TokenSource) -> Result<Report, ScenarioError> {
     let mut verify_key = None;
     let locks = match source {
         TokenSource::DemoLockService => {
-            let signer = fencing_layer::ProofSigner::generate().map_err(|e| fail("signing key", e))?;
+            let signer =
+                fencing_layer::verify::ProofSigner::generate().map_err(|e| fail("signing key", e))?;
             verify_key = Some(signer.public_key());
             let config = demo_lock_service::Config::new(dir.path().join("locks")).with_signer(signer);
             let service = LockService::open(config).map_err(|e| fail("lock service", e))?;

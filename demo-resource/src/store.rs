@@ -17,7 +17,7 @@
 
 use std::path::Path;
 
-use fencing_layer::{ReopeningDatabase, StorageFault};
+use fencing_layer::store::{ReopeningDatabase, StorageFault};
 use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
 use serde::Serialize;

@@ -59,7 +59,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("worker-2 writes with token {}: {}", second.token(), r.status());
 
     // worker-1, unaware it no longer holds the lock, writes again.
-    let r = fencing_client::fence_reqwest(http.put(&url).body("worker-1, late"), stale).send().await?;
+    let r =
+        fencing_client::header::fence_reqwest(http.put(&url).body("worker-1, late"), stale).send().await?;
     println!("worker-1 writes late with token {stale}: {}", r.status());
     println!("the resource holds: {}", doc.lock().unwrap());
     second.release().await?;

@@ -67,7 +67,7 @@ pub trait LockBackend: Send + Sync + 'static {
 ///
 /// ```
 /// use std::time::Duration;
-/// use fencing_client::{Grant, LockBackendExt, LockError, LockProtocol};
+/// use fencing_client::{Grant, LockBackendExt, LockError, backend::LockProtocol};
 ///
 /// /// Grants everything, token 1: a protocol in a dozen lines.
 /// #[derive(Clone)]

@@ -56,7 +56,7 @@ impl IdempotencyKey {
     /// `billing:2026-12`): the same for every caller, in every process.
     ///
     /// ```
-    /// use fencing_client::IdempotencyKey;
+    /// use fencing_client::idempotency::IdempotencyKey;
     ///
     /// let key = IdempotencyKey::for_operation("billing:2026-12", "charge:cus_42");
     /// assert_eq!(key, IdempotencyKey::for_operation("billing:2026-12", "charge:cus_42"));
@@ -128,7 +128,7 @@ pub fn idempotent_reqwest(request: reqwest::RequestBuilder, key: &IdempotencyKey
 ///
 /// ```
 /// use std::collections::HashMap;
-/// use fencing_client::{FencedOperation, IdempotencyKey};
+/// use fencing_client::idempotency::{FencedOperation, IdempotencyKey};
 ///
 /// /// The per-run record: the highest token each run has seen (a database row, with
 /// /// `UPDATE … SET token = $t WHERE run = $r AND token <= $t`, in real life).
@@ -193,7 +193,7 @@ impl FencedOperation {
 
     /// Sets `Fencing-Token` and `Idempotency-Key` on `request`, replacing any values already there.
     pub fn apply<B>(&self, request: &mut http::Request<B>) {
-        crate::set_fencing_token(request, self.token);
+        crate::header::set_fencing_token(request, self.token);
         set_idempotency_key(request, &self.key);
     }
 
@@ -201,7 +201,7 @@ impl FencedOperation {
     /// costs nothing where it is not checked, and is there for the logs, or for a
     /// resource in front of the provider that does check it.
     pub fn reqwest(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        idempotent_reqwest(crate::fence_reqwest(request, self.token), &self.key)
+        idempotent_reqwest(crate::header::fence_reqwest(request, self.token), &self.key)
     }
 }
 
@@ -262,7 +262,7 @@ mod tests {
         op.apply(&mut request);
         let keys: Vec<_> = request.headers().get_all(IDEMPOTENCY_KEY_HEADER).iter().collect();
         assert_eq!(keys, [op.key().as_str()]);
-        let tokens: Vec<_> = request.headers().get_all(crate::FENCING_TOKEN_HEADER).iter().collect();
+        let tokens: Vec<_> = request.headers().get_all("Fencing-Token").iter().collect();
         assert_eq!(tokens, ["42"]);
 
         let built = op.reqwest(reqwest::Client::new().post("http://127.0.0.1:9/x")).build().unwrap();

@@ -344,11 +344,11 @@ impl Lease {
     /// `Fencing-Proof` to the grant's proof when the lock service signed it (any
     /// `Fencing-Proof` already there is removed when it did not).
     pub fn fence<B>(&self, request: &mut http::Request<B>) {
-        crate::set_fencing_token(request, self.grant.token);
+        crate::header::set_fencing_token(request, self.grant.token);
         match &self.grant.proof {
-            Some(proof) => crate::set_fencing_proof(request, proof),
+            Some(proof) => crate::header::set_fencing_proof(request, proof),
             None => {
-                request.headers_mut().remove(crate::fencing_proof_header());
+                request.headers_mut().remove(crate::header::FENCING_PROOF);
             }
         }
     }
@@ -356,9 +356,9 @@ impl Lease {
     /// Adds the `Fencing-Token` header with this lease's token to a reqwest request,
     /// and `Fencing-Proof` with the grant's proof when the lock service signed it.
     pub fn fence_reqwest(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        let request = crate::fence_reqwest(request, self.grant.token);
+        let request = crate::header::fence_reqwest(request, self.grant.token);
         match &self.grant.proof {
-            Some(proof) => crate::fence_reqwest_proof(request, proof),
+            Some(proof) => crate::header::fence_reqwest_proof(request, proof),
             None => request,
         }
     }
@@ -366,8 +366,8 @@ impl Lease {
     /// Operation `op` of run `run` under this lease: its token, and the
     /// operation's idempotency key (the same for every holder), to fence a
     /// record and then call a resource that cannot check tokens.
-    pub fn operation(&self, run: &str, op: &str) -> crate::FencedOperation {
-        crate::FencedOperation::new(self.grant.token, run, op)
+    pub fn operation(&self, run: &str, op: &str) -> crate::idempotency::FencedOperation {
+        crate::idempotency::FencedOperation::new(self.grant.token, run, op)
     }
 
     /// Sets the `fencing-token` metadata of a tonic request to this lease's
@@ -375,11 +375,11 @@ impl Lease {
     /// signed it (removing any other proof when it did not).
     #[cfg(feature = "tonic")]
     pub fn fence_tonic<T>(&self, request: &mut tonic::Request<T>) {
-        crate::fence_tonic(request, self.grant.token);
+        crate::header::fence_tonic(request, self.grant.token);
         match &self.grant.proof {
-            Some(proof) => crate::fence_tonic_proof(request, proof),
+            Some(proof) => crate::header::fence_tonic_proof(request, proof),
             None => {
-                request.metadata_mut().remove("fencing-proof");
+                request.metadata_mut().remove(crate::header::FENCING_PROOF.as_str());
             }
         }
     }

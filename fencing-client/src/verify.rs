@@ -26,7 +26,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use fencing_layer::{Raise, TokenVerifier, Verification, VerifyError};
+use fencing_layer::verify::{Raise, TokenVerifier, Verification, VerifyError};
 use reqwest::StatusCode;
 use serde::Deserialize;
 use tokio::time::Instant;
@@ -223,7 +223,7 @@ fn unavailable(what: &str, e: impl fmt::Display) -> VerifyError {
 ///
 /// ```no_run
 /// # fn demo() -> Result<(), fencing_client::LockError> {
-/// use fencing_client::DemoLockVerifier;
+/// use fencing_client::verify::DemoLockVerifier;
 /// use fencing_layer::FencingLayer;
 ///
 /// // Keys are paths, `/logs/{lock}`; other paths are guarded by no lock.
@@ -335,7 +335,7 @@ mod etcd {
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), fencing_client::LockError> {
-    /// use fencing_client::{EtcdLockClient, EtcdVerifier};
+    /// use fencing_client::{EtcdLockClient, verify::EtcdVerifier};
     ///
     /// let locks = EtcdLockClient::connect(["http://127.0.0.1:2379"]).await?;
     /// let verifier = EtcdVerifier::from_lock_client(&locks)
@@ -359,9 +359,9 @@ mod etcd {
     }
 
     impl EtcdVerifier {
-        /// Asks etcd through `client`, for lock keys under [`crate::DEFAULT_ETCD_PREFIX`].
+        /// Asks etcd through `client`, for lock keys under [`crate::etcd::DEFAULT_ETCD_PREFIX`].
         pub fn new(client: etcd_client::Client) -> Self {
-            Self::over(EtcdCheck { client, prefix: crate::DEFAULT_ETCD_PREFIX.into() })
+            Self::over(EtcdCheck { client, prefix: crate::etcd::DEFAULT_ETCD_PREFIX.into() })
         }
 
         /// Asks the etcd that `locks` uses, for its lock keys (same connection and prefix).

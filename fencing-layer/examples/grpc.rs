@@ -6,7 +6,7 @@
 //! cargo run -p fencing-layer --example grpc --features tonic
 //! ```
 
-use fencing_layer::{FencingLayer, HeaderKey};
+use fencing_layer::{FencingLayer, key::HeaderKey};
 use http::HeaderName;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};

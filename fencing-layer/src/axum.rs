@@ -1,8 +1,11 @@
-//! axum integration: [`FencingToken`] as an extractor, and [`PathParamKey`].
+//! axum integration: [`FencingToken`] as an extractor, [`MissingFencingToken`]
+//! its rejection, [`Problem`] as an `IntoResponse`, and (in [`key`](crate::key))
+//! [`PathParamKey`].
 //!
 //! ```
 //! use axum::{Router, routing::{get, put}};
-//! use fencing_layer::{FencingLayer, FencingToken, PathParamKey};
+//! use fencing_layer::key::PathParamKey;
+//! use fencing_layer::{FencingLayer, FencingToken};
 //!
 //! // Fenced routes: the layer admitted the request, so the token is there.
 //! async fn put_doc(token: FencingToken, body: String) -> String {
@@ -20,17 +23,16 @@
 //!     .route_layer(FencingLayer::new().key_extractor(PathParamKey::new("doc")));
 //! # let _ = app;
 //! ```
+//!
+//! [`PathParamKey`]: crate::key::PathParamKey
 
-use std::borrow::Cow;
 use std::convert::Infallible;
 
-use axum::extract::{FromRequestParts, MatchedPath, OptionalFromRequestParts};
+use axum::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum::response::{IntoResponse, Response};
+use http::StatusCode;
 use http::request::Parts;
-use http::{HeaderValue, Request, StatusCode, header};
-use percent_encoding::percent_decode_str;
 
-use crate::key::{KeyExtractor, full_path};
 use crate::respond::Problem;
 use crate::token::FencingToken;
 
@@ -73,84 +75,15 @@ impl std::error::Error for MissingFencingToken {}
 
 impl IntoResponse for MissingFencingToken {
     fn into_response(self) -> Response {
-        let body = Problem::plain("missing-layer", "Fencing layer missing", 500, self.to_string()).to_bytes();
-        let mut response = (StatusCode::INTERNAL_SERVER_ERROR, body).into_response();
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-        response
+        Problem::new(StatusCode::INTERNAL_SERVER_ERROR, "missing-layer", "Fencing layer missing")
+            .detail(self.to_string())
+            .response()
     }
 }
 
-/// Keys by one parameter of the matched axum route, percent-decoded as axum's
-/// `Path` extractor would decode it.
-///
-/// For `/logs/{name}`, `PathParamKey::new("name")` keys `/logs/billing` by
-/// `billing`; a catch-all `{*rest}` keys by everything it matches. It reads
-/// axum's `MatchedPath`, so apply the layer with `route_layer` (or to routes);
-/// requests that matched no route, or a route without the parameter, have no
-/// key (400). Parameters must fill a whole path segment.
-#[derive(Debug, Clone)]
-pub struct PathParamKey {
-    name: Cow<'static, str>,
-}
-
-impl PathParamKey {
-    /// Keys by the parameter `name` (without braces).
-    #[must_use]
-    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
-        Self { name: name.into() }
-    }
-
-    fn find<'p>(&self, template: &str, path: &'p str) -> Option<&'p str> {
-        let mut rest = path;
-        for pattern in template.split('/') {
-            let (segment, after) = rest.split_once('/').unwrap_or((rest, ""));
-            let param = pattern.strip_prefix('{').and_then(|p| p.strip_suffix('}'));
-            match param {
-                Some(p) if p.strip_prefix('*') == Some(&self.name) => return Some(rest),
-                Some(p) if p == self.name => return Some(segment),
-                _ => rest = after,
-            }
-        }
-        None
-    }
-}
-
-impl<B> KeyExtractor<B> for PathParamKey {
-    fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
-        let template = request.extensions().get::<MatchedPath>()?.as_str();
-        // Inside a nested router the URI has lost its prefix; the matched path has not.
-        let raw = self.find(template, full_path(request))?;
-        percent_decode_str(raw).decode_utf8().ok().filter(|key| !key.is_empty())
-    }
-
-    fn missing(&self, request: &Request<B>) -> Cow<'static, str> {
-        let name = &self.name;
-        match request.extensions().get::<MatchedPath>() {
-            None => "no matched axum route (apply the layer with route_layer)".into(),
-            Some(template) if self.find(template.as_str(), full_path(request)).is_none() => {
-                format!("the route {} has no path parameter {name}", template.as_str()).into()
-            }
-            Some(_) => format!("path parameter {name} is empty or does not percent-decode to UTF-8").into(),
-        }
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn finds_params_and_catch_alls() {
-        let key = PathParamKey::new("doc");
-        assert_eq!(key.find("/t/{tenant}/docs/{doc}", "/t/acme/docs/42"), Some("42"));
-        assert_eq!(key.find("/t/{tenant}/docs/{doc}/x", "/t/acme/docs/42/x"), Some("42"));
-        assert_eq!(key.find("/files/{*doc}", "/files/a/b/c"), Some("a/b/c"));
-        assert_eq!(key.find("/t/{tenant}", "/t/acme"), None);
-        assert_eq!(
-            PathParamKey::new("tenant").find("/t/{tenant}/docs/{doc}", "/t/acme/docs/42"),
-            Some("acme")
-        );
+/// A handler or an extractor can answer with a [`Problem`] as the layer answers.
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        self.response()
     }
 }

@@ -34,8 +34,8 @@ use bytes::Bytes;
 use http_body_util::combinators::{BoxBody, UnsyncBoxBody};
 use http_body_util::{BodyExt, Full};
 
-/// A response body the default responders ([`ProblemJson`](crate::ProblemJson),
-/// [`GrpcStatus`](crate::GrpcStatus)) can write a rejection into.
+/// A response body the default responders ([`ProblemJson`](crate::respond::ProblemJson),
+/// [`GrpcStatus`](crate::grpc::GrpcStatus)) can write a rejection into.
 pub trait RejectionBody: Sized {
     /// A body of `bytes` (a problem+json document, or nothing for a gRPC status).
     fn from_rejection(bytes: Bytes) -> Self;

@@ -5,7 +5,7 @@
 //! reaches it as "protocol error". So the layer answers a gRPC request
 //! (`content-type: application/grpc…`) with a *trailers-only* gRPC response
 //! (HTTP 200, the status in the headers, no body) when its responder is the
-//! default [`ProblemJson`](crate::ProblemJson) (turn that off with
+//! default [`ProblemJson`](crate::respond::ProblemJson) (turn that off with
 //! [`FencingLayer::grpc_statuses`](crate::FencingLayer::grpc_statuses); a
 //! custom responder answers gRPC requests itself, or through
 //! [`RejectionResponder::respond_grpc`]):
@@ -24,7 +24,7 @@
 //! where they apply, and `retry-after` on the 503s' statuses.
 //!
 //! ```
-//! use fencing_layer::{GrpcStatus, Rejection};
+//! use fencing_layer::{Rejection, grpc::GrpcStatus};
 //!
 //! let stale = Rejection::Stale { key: "/pkg.Ledger/Append".into(), presented: 1, highest: 2 };
 //! assert_eq!(GrpcStatus::code(&stale), 10); // ABORTED
@@ -76,8 +76,8 @@ impl GrpcStatus {
         if let Some(token) = rejection.highest() {
             headers.insert("fencing-highest-token", HeaderValue::from(token));
         }
-        if let Rejection::KeyTableFull { limit } | Rejection::KeyTooLong { limit } = rejection {
-            headers.insert("fencing-key-limit", HeaderValue::from(*limit));
+        if let Some(limit) = rejection.key_limit() {
+            headers.insert("fencing-key-limit", HeaderValue::from(limit));
         }
     }
 }

@@ -11,7 +11,8 @@
 //! annotations, and may return a key borrowed from the request:
 //!
 //! ```
-//! use fencing_layer::{FencingLayer, HeaderKey, KeyExtractorExt, PathKey};
+//! use fencing_layer::FencingLayer;
+//! use fencing_layer::key::{HeaderKey, KeyExtractorExt, PathKey};
 //!
 //! // Key by a tenant header: no allocation per request.
 //! let by_tenant = FencingLayer::new().key_fn(|request| request.header("x-tenant"));
@@ -39,10 +40,14 @@ use percent_encoding::percent_decode_str;
 mod combine;
 mod function;
 mod namespace;
+#[cfg(feature = "axum")]
+mod path_param;
 
 pub use combine::{And, KeyExtractorExt, Or};
 pub use function::{KeyFn, KeyRequest, OwnedKeyFn};
 pub use namespace::{NAMESPACE_SEPARATOR, Namespaced};
+#[cfg(feature = "axum")]
+pub use path_param::PathParamKey;
 
 /// Extracts the resource key of a request.
 ///

@@ -23,10 +23,10 @@ use crate::verify::{DEFAULT_VERIFY_TIMEOUT, TokenVerifier};
 /// The header that carries the token unless configured otherwise: `Fencing-Token`.
 pub const FENCING_TOKEN: HeaderName = HeaderName::from_static("fencing-token");
 
-/// How long a higher token waits, by default, for lower-token requests still
-/// inside the inner service: long enough for an ordinary write to finish, short
-/// enough that a new holder is not stalled behind a hung one.
-pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The header that carries a token's proof: `Fencing-Proof`, the lock
+/// service's signature over (lock name, token), which a verifier such as
+/// `verify::Ed25519Verifier` (feature `ed25519`) checks before a raise.
+pub const FENCING_PROOF: HeaderName = HeaderName::from_static("fencing-proof");
 
 /// What a higher token does about lower-token requests still inside the inner
 /// service (with or without either, no two holders are ever inside at once).
@@ -182,9 +182,14 @@ impl Config {
 }
 
 impl FencingLayer {
+    /// How long a higher token waits, by default, for lower-token requests still
+    /// inside the inner service: long enough for an ordinary write to finish, short
+    /// enough that a new holder is not stalled behind a hung one.
+    pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// The default fencing: `Fencing-Token` header, every method but GET, HEAD,
     /// OPTIONS and TRACE fenced, keyed by path, problem+json rejections, a fresh
-    /// in-memory store, drain policy with a [`DEFAULT_DRAIN_TIMEOUT`] bound.
+    /// in-memory store, drain policy with a [`DEFAULT_DRAIN_TIMEOUT`](Self::DEFAULT_DRAIN_TIMEOUT) bound.
     pub fn new() -> Self {
         let config = Config {
             header: FENCING_TOKEN,
@@ -193,7 +198,7 @@ impl FencingLayer {
                 .collect(),
             allow_unfenced: false,
             token_extension: true,
-            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
+            drain_timeout: Self::DEFAULT_DRAIN_TIMEOUT,
             retry_after: Duration::from_secs(1),
             policy: InFlightPolicy::Drain,
             store: MarkStore::in_memory(),
@@ -277,14 +282,14 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// ```
     ///
     /// [`FencingToken`]: crate::FencingToken
-    #[cfg_attr(feature = "axum", doc = "[`MissingFencingToken`]: crate::MissingFencingToken")]
+    #[cfg_attr(feature = "axum", doc = "[`MissingFencingToken`]: crate::axum::MissingFencingToken")]
     #[cfg_attr(not(feature = "axum"), doc = "[`MissingFencingToken`]: crate::FencingToken")]
     pub fn token_extension(self, insert: bool) -> Self {
         self.with(|s| s.token_extension = insert)
     }
 
     /// How long a higher token waits for lower-token requests to leave the
-    /// inner service before it gets 503 (default [`DEFAULT_DRAIN_TIMEOUT`]).
+    /// inner service before it gets 503 (default [`FencingLayer::DEFAULT_DRAIN_TIMEOUT`]).
     /// With a durable store it starts once the raise is recorded. Any duration
     /// up to `Duration::MAX` is valid.
     pub fn drain_timeout(self, timeout: Duration) -> Self {
@@ -318,7 +323,7 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// With a shared store a raise always drains: the cancel policy needs to
     /// see every raise at once, which only local marks give.
     ///
-    /// [`MarkStoreBuilder::write_timeout`]: crate::MarkStoreBuilder::write_timeout
+    /// [`MarkStoreBuilder::write_timeout`]: crate::store::MarkStoreBuilder::write_timeout
     pub fn shared_store(self, store: impl SharedStore) -> Self {
         let store = SharedStoreHandle(Arc::new(store));
         self.with(|s| s.shared_store = Some(store))
@@ -363,7 +368,7 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// [`key_fn`](Self::key_fn), which replace the extractor it wraps.
     ///
     /// ```
-    /// use fencing_layer::{FencingLayer, HeaderKey, MarkStore};
+    /// use fencing_layer::{FencingLayer, MarkStore, key::HeaderKey};
     ///
     /// let store = MarkStore::in_memory(); // or MarkStore::open(path), once per process
     /// let tenants = FencingLayer::new()
@@ -376,7 +381,7 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     ///
     /// # Panics
     ///
-    /// When `namespace` is empty or contains `:` ([`NAMESPACE_SEPARATOR`](crate::NAMESPACE_SEPARATOR)).
+    /// When `namespace` is empty or contains `:` ([`NAMESPACE_SEPARATOR`](crate::key::NAMESPACE_SEPARATOR)).
     #[track_caller]
     pub fn key_namespace(self, namespace: &str) -> FencingLayer<Namespaced<E>, R> {
         let Settings { extractor, responder, config } = Arc::unwrap_or_clone(self.settings);
@@ -407,14 +412,14 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// Whether a gRPC request (`content-type: application/grpc…`) is refused
     /// with a gRPC status (the default, where the responder makes one:
     /// [`ProblemJson`] does) or like any other request. See
-    /// [`GrpcStatus`](crate::GrpcStatus) for the mapping.
+    /// [`GrpcStatus`](crate::grpc::GrpcStatus) for the mapping.
     pub fn grpc_statuses(self, grpc: bool) -> Self {
         self.with(|s| s.grpc_statuses = grpc)
     }
 
     /// Keys requests with a closure that may borrow its key from the request;
     /// it sees the request as a [`KeyRequest`], so it needs no annotations.
-    /// `None` is answered 400. See the [`key`](crate::KeyExtractor) docs.
+    /// `None` is answered 400. See the [`key`](crate::key::KeyExtractor) docs.
     ///
     /// ```
     /// let layer = fencing_layer::FencingLayer::new().key_fn(|request| request.header("x-tenant"));

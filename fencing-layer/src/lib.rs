@@ -47,7 +47,7 @@
 //! | no `Fencing-Token` header | 428 (or passes through with [`FencingLayer::allow_unfenced`]) |
 //! | header repeated, empty, or not a canonical decimal `u64` | 400 |
 //! | no resource key | 400 |
-//! | a new key longer than [`MarkStoreBuilder::max_key_bytes`] | 400 |
+//! | a new key longer than [`MarkStoreBuilder::max_key_bytes`](store::MarkStoreBuilder::max_key_bytes) | 400 |
 //! | token < highest seen for the key | 409; the body names both tokens |
 //! | token == highest seen | admitted |
 //! | token > highest seen | the mark rises at once; admitted once no lower-token request for the key is inside the inner service |
@@ -55,14 +55,14 @@
 //! | a raise the [`FencingLayer::verifier`] refuses | 403; the mark is unchanged |
 //! | a raise the verifier cannot answer within [`FencingLayer::verify_timeout`] | 503 with `Retry-After`; the mark is unchanged |
 //! | a new key while the key table is full | 503; marks are never evicted |
-//! | the durable log cannot record a raise within [`MarkStoreBuilder::write_timeout`] (the drain bound starts after it) | 503; nothing admitted |
+//! | the durable log cannot record a raise within [`MarkStoreBuilder::write_timeout`](store::MarkStoreBuilder::write_timeout) (the drain bound starts after it) | 503; nothing admitted |
 //!
 //! Rejections are [RFC 9457] `application/problem+json` responses
-//! ([`ProblemJson`]), replaceable through [`FencingLayer::on_rejection`]; the
+//! ([`ProblemJson`](respond::ProblemJson)), replaceable through [`FencingLayer::on_rejection`]; the
 //! typed [`Rejection`] is also in the response's extensions. A gRPC request is
-//! answered with a gRPC status instead ([`GrpcStatus`]). The layer keeps the
+//! answered with a gRPC status instead ([`GrpcStatus`](grpc::GrpcStatus)). The layer keeps the
 //! inner service's response type; the default responder writes into any
-//! [`RejectionBody`] (axum's, `String`, `Full`, boxed bodies, tonic's).
+//! [`RejectionBody`](respond::RejectionBody) (axum's, `String`, `Full`, boxed bodies, tonic's).
 //!
 //! Two guarantees hold per key. **Monotonic admission**: the tokens of admitted
 //! requests, in order of admission, never decrease. **No overlap across
@@ -84,12 +84,13 @@
 //!
 //! # Choosing the key
 //!
-//! The default key is the percent-decoded request path. [`HeaderKey`],
-//! [`GlobalKey`] and any closure are the alternatives:
+//! The default key is the percent-decoded request path. [`HeaderKey`](key::HeaderKey),
+//! [`GlobalKey`](key::GlobalKey) and any closure are the alternatives ([`key`] has them all):
 //!
 //! ```
 //! use axum::{Router, body::Body, routing::put};
-//! use fencing_layer::{FencingLayer, GlobalKey};
+//! use fencing_layer::FencingLayer;
+//! use fencing_layer::key::GlobalKey;
 //! use axum::http::Request;
 //!
 //! // Every account's ledger is one resource, whatever the path below it.
@@ -148,13 +149,13 @@
 //! # }
 //! ```
 //!
-//! Any storage can hold marks by implementing [`MarkLog`].
+//! Any storage can hold marks by implementing [`MarkLog`](store::MarkLog).
 //!
 //! # Several replicas
 //!
 //! Marks in a [`MarkStore`] belong to one process. When several replicas serve
 //! one resource, a stale holder's request can reach a replica that never saw
-//! the newer token. [`FencingLayer::shared_store`] takes a [`SharedStore`]
+//! the newer token. [`FencingLayer::shared_store`] takes a [`SharedStore`](store::SharedStore)
 //! that every replica checks instead. [`claims::ClaimStore`] is one, over any
 //! backend with expiring records and notifications: each replica holds a
 //! *claim* on a key's current token, renewed in the background, admits that
@@ -189,9 +190,9 @@
 //!
 //! # Cargo features
 //!
-//! - `axum`: [`FencingToken`] as an extractor; `PathParamKey`, keying by one path parameter.
+//! - `axum`: [`FencingToken`] as an extractor; `key::PathParamKey`, keying by one path parameter.
 //! - `redb`: [`RedbMarkLog`] and [`MarkStore::open`].
-//! - `ed25519`: tokens signed by the lock service: `Ed25519Verifier` and `ProofSigner`.
+//! - `ed25519`: tokens signed by the lock service: `verify::Ed25519Verifier` and `verify::ProofSigner`.
 //! - `metrics`: counters, histograms and gauges through the `metrics` facade (above).
 //!
 //! The crate needs a tokio runtime with the time driver (as `#[tokio::main]`
@@ -201,52 +202,35 @@
 // always there where it is off, so the docs build with any set of features.
 #![cfg_attr(feature = "redb", doc = "[`MarkStore::open`]: crate::MarkStore::open")]
 #![cfg_attr(not(feature = "redb"), doc = "[`MarkStore::open`]: crate::MarkStore")]
-#![cfg_attr(feature = "redb", doc = "[`RedbMarkLog`]: crate::RedbMarkLog")]
-#![cfg_attr(not(feature = "redb"), doc = "[`RedbMarkLog`]: crate::MarkLog")]
+#![cfg_attr(feature = "redb", doc = "[`RedbMarkLog`]: crate::store::RedbMarkLog")]
+#![cfg_attr(not(feature = "redb"), doc = "[`RedbMarkLog`]: crate::store::MarkLog")]
 #![deny(missing_docs, unsafe_code, unreachable_pub)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 #[cfg(feature = "axum")]
-mod axum;
+pub mod axum;
 mod body;
 pub mod claims;
-mod future;
-mod grpc;
-mod key;
+pub mod future;
+pub mod grpc;
+pub mod key;
 mod layer;
 mod methods;
 mod metrics;
 #[cfg(feature = "ed25519")]
 mod proof;
 mod rejection;
-mod respond;
+pub mod respond;
 mod service;
-mod store;
+pub mod store;
 mod token;
-mod verify;
+pub mod verify;
 
-#[cfg(feature = "axum")]
-pub use crate::axum::{MissingFencingToken, PathParamKey};
-pub use crate::body::RejectionBody;
-pub use crate::future::ResponseFuture;
-pub use crate::grpc::GrpcStatus;
-pub use crate::key::{
-    And, GlobalKey, HeaderKey, KeyExtractor, KeyExtractorExt, KeyFn, KeyRequest, NAMESPACE_SEPARATOR,
-    Namespaced, Or, OwnedKeyFn, PathKey,
-};
-pub use crate::layer::{DEFAULT_DRAIN_TIMEOUT, FENCING_TOKEN, FencingLayer, InFlightPolicy};
-#[cfg(feature = "ed25519")]
-pub use crate::proof::{Ed25519Verifier, FENCING_PROOF, KeyError, ProofPublicKey, ProofSigner};
+// The root holds what every user of the layer names; the rest is in the
+// modules above, by what it is for: `key`, `store`, `verify`, `respond`,
+// `grpc`, `claims`, `future`, `axum`.
+pub use crate::layer::{FENCING_PROOF, FENCING_TOKEN, FencingLayer, InFlightPolicy};
 pub use crate::rejection::Rejection;
-pub use crate::respond::{PROBLEM_TYPE_PREFIX, ProblemJson, RejectionResponder};
 pub use crate::service::Fencing;
-pub use crate::store::{
-    DEFAULT_MAX_KEY_BYTES, DEFAULT_MAX_KEYS, DEFAULT_WRITE_TIMEOUT, MarkLog, MarkStore, MarkStoreBuilder,
-    SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError,
-};
-#[cfg(feature = "redb")]
-pub use crate::store::{REOPEN_INTERVAL, RedbMarkLog, ReopeningDatabase, StorageFault};
+pub use crate::store::MarkStore;
 pub use crate::token::{FencingToken, TokenError};
-pub use crate::verify::{
-    DEFAULT_VERIFY_TIMEOUT, Raise, TokenVerifier, Verification, VerifyError, VerifyFn, verify_fn,
-};

@@ -38,60 +38,9 @@ mod enabled {
     use crate::rejection::Rejection;
     use crate::store::MarkStore;
 
-    /// Every outcome label, in the order of [`Handles::outcomes`]: the one list
-    /// to extend (a new label here, then its variants in [`outcome_index`]).
-    const OUTCOMES: [&str; 11] = [
-        "admitted",
-        "stale",
-        "missing",
-        "invalid",
-        "unverified",
-        "verifier-unavailable",
-        "key-table-full",
-        "drain-timeout",
-        "store-unavailable",
-        "claim-lost",
-        "unfenced",
-    ];
-    const ADMITTED: usize = index("admitted");
-    const UNFENCED: usize = index("unfenced");
-
-    /// The position of `label` in [`OUTCOMES`]; evaluated at compile time, where
-    /// a label missing from the list is a build error.
-    const fn index(label: &str) -> usize {
-        let mut i = 0;
-        while i < OUTCOMES.len() {
-            let (a, b) = (OUTCOMES[i].as_bytes(), label.as_bytes());
-            if a.len() == b.len() {
-                let mut j = 0;
-                while j < a.len() && a[j] == b[j] {
-                    j += 1;
-                }
-                if j == a.len() {
-                    return i;
-                }
-            }
-            i += 1;
-        }
-        panic!("not an outcome label")
-    }
-
-    /// The outcome label of a refusal; every variant has one.
-    fn outcome_index(rejection: &Rejection) -> usize {
-        match rejection {
-            Rejection::Stale { .. } | Rejection::Cancelled { .. } => const { index("stale") },
-            Rejection::MissingToken => const { index("missing") },
-            Rejection::InvalidToken(_) | Rejection::MissingKey { .. } | Rejection::KeyTooLong { .. } => {
-                const { index("invalid") }
-            }
-            Rejection::Unverified { .. } => const { index("unverified") },
-            Rejection::VerifierUnavailable { .. } => const { index("verifier-unavailable") },
-            Rejection::KeyTableFull { .. } => const { index("key-table-full") },
-            Rejection::DrainTimeout { .. } => const { index("drain-timeout") },
-            Rejection::StoreUnavailable { .. } => const { index("store-unavailable") },
-            Rejection::ClaimLost { .. } => const { index("claim-lost") },
-        }
-    }
+    /// The refusals' outcome labels come from [`Rejection::KINDS`], one counter
+    /// handle per variant (variants sharing a label share its series).
+    const REJECTIONS: usize = Rejection::KINDS.len();
 
     /// The layer's metrics: its optional label and, from the first service it
     /// wraps on (or its first request, whichever comes first), its handles.
@@ -103,7 +52,10 @@ mod enabled {
 
     #[derive(Debug, Clone)]
     struct Handles {
-        outcomes: [Counter; OUTCOMES.len()],
+        admitted: Counter,
+        unfenced: Counter,
+        /// By [`Rejection::index`].
+        rejected: [Counter; REJECTIONS],
         raises: Counter,
         drain_wait: Histogram,
         durable_record: Histogram,
@@ -115,13 +67,15 @@ mod enabled {
         fn new(label: Option<&str>) -> Self {
             describe();
             let layer: Vec<Label> = label.map(|l| Label::new("layer", l.to_owned())).into_iter().collect();
-            let outcomes = OUTCOMES.map(|outcome| {
+            let requests = |outcome: &'static str| {
                 let mut labels = vec![Label::new("outcome", outcome)];
                 labels.extend(layer.iter().cloned());
                 metrics::counter!(REQUESTS, labels)
-            });
+            };
             Self {
-                outcomes,
+                admitted: requests("admitted"),
+                unfenced: requests("unfenced"),
+                rejected: std::array::from_fn(|index| requests(Rejection::KINDS[index].outcome)),
                 raises: metrics::counter!(RAISES, layer.clone()),
                 drain_wait: metrics::histogram!(DRAIN_WAIT, layer.clone()),
                 durable_record: metrics::histogram!(DURABLE_RECORD, layer.clone()),
@@ -181,7 +135,7 @@ mod enabled {
         #[inline]
         pub(crate) fn admitted(&self) -> InsideCount {
             let handles = self.handles();
-            handles.outcomes[ADMITTED].increment(1);
+            handles.admitted.increment(1);
             handles.inside.increment(1.0);
             InsideCount(handles.inside.clone())
         }
@@ -189,12 +143,12 @@ mod enabled {
         /// A fenced request without a token passes through (`allow_unfenced`).
         #[inline]
         pub(crate) fn unfenced(&self) {
-            self.handles().outcomes[UNFENCED].increment(1);
+            self.handles().unfenced.increment(1);
         }
 
         /// The layer refused a request.
         pub(crate) fn rejected(&self, rejection: &Rejection) {
-            self.handles().outcomes[outcome_index(rejection)].increment(1);
+            self.handles().rejected[rejection.index()].increment(1);
         }
 
         /// A token raised a key's mark in `store`.

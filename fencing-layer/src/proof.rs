@@ -7,7 +7,8 @@
 //! a genuine proof for one lock cannot raise another lock's mark.
 //!
 //! ```
-//! use fencing_layer::{Ed25519Verifier, FencingLayer, ProofSigner};
+//! use fencing_layer::FencingLayer;
+//! use fencing_layer::verify::{Ed25519Verifier, ProofSigner};
 //!
 //! // The lock service holds the secret key and signs every grant.
 //! let signer = ProofSigner::generate().unwrap();
@@ -39,10 +40,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 use http::HeaderName;
 
+use crate::layer::FENCING_PROOF;
 use crate::verify::{Raise, TokenVerifier, Verification};
-
-/// The header that carries a token's proof: `Fencing-Proof`.
-pub const FENCING_PROOF: HeaderName = HeaderName::from_static("fencing-proof");
 
 const CONTEXT: &[u8] = b"fencing-proof-v1\0";
 

@@ -1,7 +1,7 @@
 //! Turning a [`Rejection`] into a response.
 //!
 //! The default, [`ProblemJson`], answers with an RFC 9457
-//! `application/problem+json` body in any [`RejectionBody`]. Any
+//! `application/problem+json` body ([`Problem`]) in any [`RejectionBody`]. Any
 //! `Fn(&Rejection) -> Response<B>`, with `B` the inner service's body type, can
 //! replace it:
 //!
@@ -22,13 +22,16 @@
 //! Whichever responder is used, the layer adds the `Retry-After` header where the
 //! rejection has one, and puts the [`Rejection`] into the response extensions.
 
-use bytes::Bytes;
-use http::{HeaderValue, Response, header};
-use serde::Serialize;
+use std::time::Duration;
 
-use crate::body::RejectionBody;
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+
 use crate::grpc::GrpcStatus;
 use crate::rejection::Rejection;
+
+pub use crate::body::RejectionBody;
 
 /// Builds the response for a rejected request, for an inner service whose
 /// responses have bodies of type `B`.
@@ -57,7 +60,8 @@ where
 /// The default responder: an RFC 9457 problem details body.
 ///
 /// ```
-/// use fencing_layer::{ProblemJson, Rejection};
+/// use fencing_layer::Rejection;
+/// use fencing_layer::respond::ProblemJson;
 ///
 /// let stale = Rejection::Stale { key: "/logs/x".into(), presented: 1, highest: 2 };
 /// assert_eq!(
@@ -71,44 +75,155 @@ where
 pub struct ProblemJson;
 
 /// The prefix of every problem `type` URI this crate emits.
-pub const PROBLEM_TYPE_PREFIX: &str = "urn:fencing:problem:";
+const PROBLEM_TYPE_PREFIX: &str = "urn:fencing:problem:";
 
-/// The problem details members, serialized in this order.
-#[derive(Serialize)]
-pub(crate) struct Problem<'a> {
-    #[serde(rename = "type")]
-    kind: String,
+/// An RFC 9457 problem details response in the shape of the layer's own:
+/// `type` (`urn:fencing:problem:` and a kind), `title`, `status`, `detail`,
+/// then any extension members in the order they were added, as
+/// `application/problem+json`, with `Retry-After` where set. For a handler or
+/// a store that refuses requests of its own beside the layer's, so that a
+/// client reads every refusal the same way (`fencing-postgres` answers its
+/// database failures with it).
+///
+/// ```
+/// use std::time::Duration;
+/// use fencing_layer::respond::Problem;
+/// use http::StatusCode;
+///
+/// let busy = Problem::new(StatusCode::SERVICE_UNAVAILABLE, "database-unavailable", "Database unavailable")
+///     .detail("the database could not be reached")
+///     .text("database", "orders")
+///     .number("attempts", 3)
+///     .retry_after(Duration::from_millis(1500));
+/// let response: http::Response<String> = busy.response();
+/// assert_eq!(response.status(), 503);
+/// assert_eq!(response.headers()["content-type"], "application/problem+json");
+/// assert_eq!(response.headers()["retry-after"], "2");
+/// assert_eq!(
+///     *response.body(),
+///     r#"{"type":"urn:fencing:problem:database-unavailable","title":"Database unavailable","status":503,"#
+///         .to_owned()
+///         + r#""detail":"the database could not be reached","database":"orders","attempts":3}"#
+/// );
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Problem {
+    status: StatusCode,
+    kind: &'static str,
     title: &'static str,
-    status: u16,
     detail: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    key: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    presented_token: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    highest_token: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    key_limit: Option<usize>,
+    members: Vec<(&'static str, Member)>,
+    retry_after: Option<Duration>,
 }
 
-impl Problem<'_> {
-    /// A problem with only the standard members.
-    pub(crate) fn plain(kind: &str, title: &'static str, status: u16, detail: String) -> Self {
-        Problem {
-            kind: format!("{PROBLEM_TYPE_PREFIX}{kind}"),
-            title,
-            status,
-            detail,
-            key: None,
-            presented_token: None,
-            highest_token: None,
-            key_limit: None,
-        }
+/// An extension member's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Member {
+    Text(String),
+    Number(u64),
+}
+
+impl Problem {
+    /// A problem of `kind` (the last segment of its `type` URI), answered with
+    /// `status`, with an empty detail and no extension members.
+    pub fn new(status: StatusCode, kind: &'static str, title: &'static str) -> Self {
+        Self { status, kind, title, detail: String::new(), members: Vec::new(), retry_after: None }
     }
 
-    pub(crate) fn to_bytes(&self) -> Bytes {
+    /// The problem of `rejection`, with the layer's extension members
+    /// (`key`, `presented_token`, `highest_token`, `key_limit`) where they apply.
+    pub fn of(rejection: &Rejection) -> Self {
+        let mut problem =
+            Self::new(rejection.status(), rejection.kind(), rejection.title()).detail(rejection.to_string());
+        if let Some(key) = rejection.key() {
+            problem = problem.text("key", key);
+        }
+        if let Some(presented) = rejection.presented() {
+            problem = problem.number("presented_token", presented);
+        }
+        if let Some(highest) = rejection.highest() {
+            problem = problem.number("highest_token", highest);
+        }
+        if let Some(limit) = rejection.key_limit() {
+            problem = problem.number("key_limit", limit as u64);
+        }
+        problem
+    }
+
+    /// The `detail`: this occurrence, in words.
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = detail.into();
+        self
+    }
+
+    /// Adds the extension member `name` with a string value.
+    pub fn text(mut self, name: &'static str, value: impl Into<String>) -> Self {
+        self.members.push((name, Member::Text(value.into())));
+        self
+    }
+
+    /// Adds the extension member `name` with a number value.
+    pub fn number(mut self, name: &'static str, value: u64) -> Self {
+        self.members.push((name, Member::Number(value)));
+        self
+    }
+
+    /// Answers with `Retry-After`: `after` in whole seconds, rounded up, at least 1.
+    pub fn retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// The problem's status.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The problem details document, as JSON bytes.
+    #[must_use]
+    pub fn to_bytes(&self) -> Bytes {
         // Serializing strings and integers cannot fail.
         serde_json::to_vec(self).map(Bytes::from).unwrap_or_default()
+    }
+
+    /// The response: the status, `Content-Type: application/problem+json`,
+    /// `Retry-After` where set, and the document in any [`RejectionBody`].
+    #[must_use]
+    pub fn response<B: RejectionBody>(&self) -> Response<B> {
+        let mut response = Response::new(B::from_rejection(self.to_bytes()));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(after) = self.retry_after {
+            headers.insert(header::RETRY_AFTER, retry_after_seconds(after));
+        }
+        response
+    }
+}
+
+/// `after` as a `Retry-After` value: whole seconds, rounded up, at least 1.
+fn retry_after_seconds(after: Duration) -> HeaderValue {
+    let seconds = after.as_secs().saturating_add(u64::from(after.subsec_nanos() > 0));
+    seconds.max(1).into()
+}
+
+/// The members in RFC 9457 order, then the extension members in the order added.
+impl Serialize for Problem {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(4 + self.members.len()))?;
+        map.serialize_entry("type", &format_args!("{PROBLEM_TYPE_PREFIX}{}", self.kind))?;
+        map.serialize_entry("title", self.title)?;
+        map.serialize_entry("status", &self.status.as_u16())?;
+        map.serialize_entry("detail", &self.detail)?;
+        for (name, value) in &self.members {
+            match value {
+                Member::Text(text) => map.serialize_entry(name, text)?,
+                Member::Number(number) => map.serialize_entry(name, number)?,
+            }
+        }
+        map.end()
     }
 }
 
@@ -116,37 +231,7 @@ impl ProblemJson {
     /// The problem details document for `rejection`, as JSON bytes.
     #[must_use]
     pub fn body(rejection: &Rejection) -> Bytes {
-        let key_limit = match rejection {
-            Rejection::KeyTableFull { limit } | Rejection::KeyTooLong { limit } => Some(*limit),
-            _ => None,
-        };
-        let status = rejection.status().as_u16();
-        let plain = Problem::plain(rejection.kind(), title(rejection), status, rejection.to_string());
-        Problem {
-            key: rejection.key(),
-            presented_token: rejection.presented(),
-            highest_token: rejection.highest(),
-            key_limit,
-            ..plain
-        }
-        .to_bytes()
-    }
-}
-
-fn title(rejection: &Rejection) -> &'static str {
-    match rejection {
-        Rejection::MissingToken => "Fencing token required",
-        Rejection::InvalidToken(_) => "Invalid fencing token",
-        Rejection::MissingKey { .. } => "No resource key",
-        Rejection::KeyTooLong { .. } => "Resource key too long",
-        Rejection::Stale { .. } => "Stale fencing token",
-        Rejection::Cancelled { .. } => "Cancelled by a newer fencing token",
-        Rejection::DrainTimeout { .. } => "Older requests still in flight",
-        Rejection::ClaimLost { .. } => "Replica claim lost",
-        Rejection::KeyTableFull { .. } => "Fencing key table full",
-        Rejection::StoreUnavailable { .. } => "Fencing store unavailable",
-        Rejection::Unverified { .. } => "Unverified fencing token",
-        Rejection::VerifierUnavailable { .. } => "Fencing token verifier unavailable",
+        Problem::of(rejection).to_bytes()
     }
 }
 
@@ -156,12 +241,8 @@ impl<B: RejectionBody> RejectionResponder<B> for ProblemJson {
     }
 
     fn respond(&self, rejection: &Rejection) -> Response<B> {
-        let mut response = Response::new(B::from_rejection(Self::body(rejection)));
-        *response.status_mut() = rejection.status();
-        response
-            .headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-        response
+        // `Retry-After` is the layer's to add, whichever the responder.
+        Problem::of(rejection).response()
     }
 }
 
@@ -181,8 +262,7 @@ impl Rejection {
         );
         let mut response = responder.respond(&self);
         if let Some(after) = self.retry_after() {
-            let seconds = after.as_secs().saturating_add(u64::from(after.subsec_nanos() > 0));
-            response.headers_mut().insert(http::header::RETRY_AFTER, seconds.max(1).into());
+            response.headers_mut().insert(header::RETRY_AFTER, retry_after_seconds(after));
         }
         response.extensions_mut().insert(self);
         response

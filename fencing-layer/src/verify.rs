@@ -9,7 +9,8 @@
 //! path does not change.
 //!
 //! ```
-//! use fencing_layer::{FencingLayer, Verification, verify_fn};
+//! use fencing_layer::FencingLayer;
+//! use fencing_layer::verify::{Verification, verify_fn};
 //!
 //! // Accept raises only from tokens this deployment's lock service could have
 //! // issued by now; a real verifier checks a signature or asks the lock service.
@@ -36,11 +37,14 @@
 //! stale.
 //!
 //! With the `ed25519` feature, [`Ed25519Verifier`]
-//! checks a lock service's signature sent in `Fencing-Proof`.
+//! checks a lock service's signature sent in `Fencing-Proof`, and
+//! [`ProofSigner`] makes those signatures.
 //!
 //! [`FencingLayer::verify_timeout`]: crate::FencingLayer::verify_timeout
-#![cfg_attr(feature = "ed25519", doc = "[`Ed25519Verifier`]: crate::Ed25519Verifier")]
-#![cfg_attr(not(feature = "ed25519"), doc = "[`Ed25519Verifier`]: crate::TokenVerifier")]
+#![cfg_attr(feature = "ed25519", doc = "[`Ed25519Verifier`]: Ed25519Verifier")]
+#![cfg_attr(not(feature = "ed25519"), doc = "[`Ed25519Verifier`]: TokenVerifier")]
+#![cfg_attr(feature = "ed25519", doc = "[`ProofSigner`]: ProofSigner")]
+#![cfg_attr(not(feature = "ed25519"), doc = "[`ProofSigner`]: TokenVerifier")]
 
 use std::borrow::Cow;
 use std::fmt;
@@ -49,6 +53,9 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http::HeaderMap;
+
+#[cfg(feature = "ed25519")]
+pub use crate::proof::{Ed25519Verifier, KeyError, ProofPublicKey, ProofSigner};
 
 /// How long the layer waits for a verifier's answer unless told otherwise.
 pub const DEFAULT_VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

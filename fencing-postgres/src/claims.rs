@@ -30,10 +30,10 @@ use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use fencing_layer::StoreError;
 use fencing_layer::claims::{
     BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, Renewed,
 };
+use fencing_layer::store::StoreError;
 use tokio::sync::mpsc;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};

@@ -55,7 +55,7 @@ pub enum FenceError {
 
 impl FenceError {
     /// The layer's rejection for the same refusal, so it can be answered with
-    /// the same body ([`fencing_layer::ProblemJson::body`]). `None` for
+    /// the same body ([`fencing_layer::respond::ProblemJson::body`]). `None` for
     /// database failures, which the layer has no equivalent of.
     #[must_use]
     pub fn rejection(&self) -> Option<Rejection> {

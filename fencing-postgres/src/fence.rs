@@ -13,7 +13,7 @@ pub const DEFAULT_TABLE: &str = "fencing_marks";
 
 /// The longest resource key taken, in bytes: the layer's default. A B-tree
 /// index entry must fit a third of a page, so keys cannot be much longer.
-pub const MAX_KEY_BYTES: usize = fencing_layer::DEFAULT_MAX_KEY_BYTES;
+pub const MAX_KEY_BYTES: usize = fencing_layer::store::DEFAULT_MAX_KEY_BYTES;
 
 /// Tokens are `u64`, which no PostgreSQL integer holds: the table keeps the
 /// token itself in a `NUMERIC(20,0)` (readable, and an operator's reset is

@@ -79,7 +79,7 @@
 //!
 //! With the `axum` feature, a `FenceError` is a response: a stale token gets
 //! the layer's own 409 `application/problem+json` (the same bytes as
-//! [`fencing_layer::ProblemJson::body`] of [`FenceError::rejection`]), a
+//! [`fencing_layer::respond::ProblemJson::body`] of [`FenceError::rejection`]), a
 //! database that is away or a pool that is exhausted a 503 with `Retry-After`,
 //! each with one log line.
 //!

@@ -40,7 +40,7 @@ impl Default for PoolLimits {
         Self {
             max_size: 16,
             wait: Duration::from_secs(5),
-            lock_timeout: fencing_layer::DEFAULT_DRAIN_TIMEOUT,
+            lock_timeout: fencing_layer::FencingLayer::DEFAULT_DRAIN_TIMEOUT,
             idle_in_transaction: Duration::from_secs(30),
             accept_volatile_commits: false,
         }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use fencing_layer::claims::{ClaimStore, ClaimTiming};
-use fencing_layer::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
+use fencing_layer::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
 
 use crate::claims::PgClaims;
 use crate::error::FenceError;

@@ -16,7 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::put;
 use common::{TestDb, TestDbExt};
 use deadpool_postgres::Pool;
-use fencing_layer::{FencingLayer, FencingToken, ProblemJson, Rejection};
+use fencing_layer::{FencingLayer, FencingToken, Rejection, respond::ProblemJson};
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
 use tower::ServiceExt;
 

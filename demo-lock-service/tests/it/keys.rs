@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use fencing_layer::{Ed25519Verifier, ProofPublicKey};
+use fencing_layer::verify::{Ed25519Verifier, ProofPublicKey};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use test_support::ChildServer;

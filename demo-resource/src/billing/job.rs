@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use fencing_client::{FencedOperation, fence_reqwest};
+use fencing_client::{header::fence_reqwest, idempotency::FencedOperation};
 use serde_json::json;
 use tokio::sync::oneshot;
 

@@ -97,7 +97,8 @@ async fn the_rounds_have_the_three_outcomes() {
     assert!(a3[0].replayed && !b3[0].replayed, "{keyed:?}");
     assert_eq!(a3[0].charge_id, b3[0].charge_id);
     // The key names (run, customer), not the holder: both sent the same one.
-    let key = fencing_client::IdempotencyKey::for_operation(&keyed.run, "charge:cus_3").to_string();
+    let key =
+        fencing_client::idempotency::IdempotencyKey::for_operation(&keyed.run, "charge:cus_3").to_string();
     assert_eq!(a3[0].idempotency_key.as_deref(), Some(key.as_str()));
     assert_eq!(b3[0].idempotency_key.as_deref(), Some(key.as_str()));
     assert!(after_mark.a.charges.iter().chain(&after_mark.b.charges).all(|a| a.idempotency_key.is_none()));
@@ -118,7 +119,7 @@ async fn the_rounds_have_the_three_outcomes() {
     let mut broken = report.clone();
     let a_cus_3 = broken.rounds[3].a.charges.iter_mut().find(|a| a.customer == "cus_3").unwrap();
     a_cus_3.idempotency_key =
-        Some(fencing_client::IdempotencyKey::for_operation("7", "charge:cus_3").to_string());
+        Some(fencing_client::idempotency::IdempotencyKey::for_operation("7", "charge:cus_3").to_string());
     let problems = broken.problems();
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].contains("both instances send cus_3's charge with one key"), "{problems:?}");

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use demo_resource::scenario::{self, A_IN_FLIGHT_WRITE, A_WRITE, B_WRITE, TokenSource};
 use fencing_client::EtcdLockClient;
-use fencing_client::etcd_client::GetOptions;
+use fencing_client::drivers::etcd_client::GetOptions;
 use test_support::Etcd;
 
 use crate::common::stdout_of_success;

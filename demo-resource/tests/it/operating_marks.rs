@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use fencing_layer::ProofSigner;
+use fencing_layer::verify::ProofSigner;
 use reqwest::Method;
 use serde_json::{Value, json};
 use test_support::ChildServer;

@@ -5,8 +5,9 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderValue};
 use tower::Layer;
 
+use crate::header::{FENCING_PROOF, FENCING_TOKEN, fencing_token_value};
 use crate::lease::Shared;
-use crate::{Lease, Lost, fencing_proof_header, fencing_token_header, fencing_token_value};
+use crate::{Lease, Lost};
 
 /// A tower [`Layer`] that fences every request of the client it wraps with a [`Lease`].
 ///
@@ -58,13 +59,13 @@ impl Fence {
 
     /// Sets `Fencing-Token`, and `Fencing-Proof` or removes it, as `Lease::fence` does.
     fn apply(&self, headers: &mut HeaderMap) {
-        headers.insert(fencing_token_header(), self.token.clone());
+        headers.insert(FENCING_TOKEN, self.token.clone());
         match &self.proof {
             Some(proof) => {
-                headers.insert(fencing_proof_header(), proof.clone());
+                headers.insert(FENCING_PROOF, proof.clone());
             }
             None => {
-                headers.remove(fencing_proof_header());
+                headers.remove(FENCING_PROOF);
             }
         }
     }

@@ -17,9 +17,9 @@ use crate::Lease;
 ///
 /// ```no_run
 /// # async fn demo(lease: fencing_client::Lease) -> Result<(), Box<dyn std::error::Error>> {
-/// use fencing_client::{FencedClientError, FencedMiddleware};
+/// use fencing_client::{FencedClientError, layer::FencedMiddleware};
 ///
-/// let http = reqwest_middleware::ClientBuilder::new(fencing_client::reqwest::Client::new())
+/// let http = reqwest_middleware::ClientBuilder::new(fencing_client::drivers::reqwest::Client::new())
 ///     .with(FencedMiddleware::new(&lease))
 ///     .build();
 /// match http.put("http://127.0.0.1:8080/docs/report").body("v2").send().await {

@@ -48,7 +48,7 @@ pub async fn fenced_resource() -> (String, Docs) {
 /// `PUT {base}/docs/{name}` with `Fencing-Token: token`; the status.
 pub async fn write_doc(base: &str, name: &str, token: u64, body: &str) -> u16 {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let req = fencing_client::fence_reqwest(http.put(format!("{base}/docs/{name}")), token);
+    let req = fencing_client::header::fence_reqwest(http.put(format!("{base}/docs/{name}")), token);
     req.body(body.to_owned()).send().await.unwrap().status().as_u16()
 }
 

@@ -11,8 +11,11 @@ use axum::extract::Request;
 use axum::middleware::{Next, from_fn};
 use axum::routing::{get, put};
 use demo_lock_service::{Config, LockService, ProofSigner, RunningService};
-use fencing_client::{DemoLockClient, DemoLockVerifier, LockBackendExt};
-use fencing_layer::{Ed25519Verifier, FencingLayer, Raise, TokenVerifier, VerifyError};
+use fencing_client::{DemoLockClient, LockBackendExt, verify::DemoLockVerifier};
+use fencing_layer::{
+    FencingLayer,
+    verify::{Ed25519Verifier, Raise, TokenVerifier, VerifyError},
+};
 use http::HeaderMap;
 
 async fn start(config: Config) -> RunningService {

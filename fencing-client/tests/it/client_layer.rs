@@ -17,7 +17,7 @@ use demo_lock_service::{Config, LockService, ProofSigner, RunningService};
 use fencing_client::{
     DemoLockClient, FencedClientError, Lease, LeaseOptions, LockBackendExt, LockError, LossReason, Lost,
 };
-use fencing_layer::{Ed25519Verifier, FencingLayer, FencingToken, MarkStore};
+use fencing_layer::{FencingLayer, FencingToken, MarkStore, verify::Ed25519Verifier};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -382,7 +382,7 @@ mod deadline {
     use std::future::pending;
     use std::sync::atomic::AtomicBool;
 
-    use fencing_client::{BoxFuture, Grant, LockBackend};
+    use fencing_client::{Grant, LockBackend, backend::BoxFuture};
     use tower::service_fn;
 
     use super::*;
@@ -480,7 +480,7 @@ mod deadline {
 /// `FencedMiddleware` in a reqwest-middleware chain, with the builder's `.send()`.
 #[cfg(feature = "reqwest-middleware")]
 mod middleware {
-    use fencing_client::FencedMiddleware;
+    use fencing_client::layer::FencedMiddleware;
     use reqwest_middleware::{ClientBuilder, ClientWithMiddleware};
 
     use super::*;

@@ -13,7 +13,7 @@
 
 use std::time::Duration;
 
-use fencing_client::{Grant, LockBackend, LockBackendExt, LockError, LockStatus};
+use fencing_client::{Grant, LockBackend, LockBackendExt, LockError, backend::LockStatus};
 use tokio::time::{Instant, sleep, timeout};
 
 use crate::common::{fenced_resource, write_doc};

@@ -6,8 +6,10 @@
 
 use std::time::Duration;
 
-use fencing_client::{EtcdLockClient, EtcdVerifier, LockBackendExt, LockError, LockStatus, LossReason};
-use fencing_layer::{Raise, TokenVerifier, VerifyError};
+use fencing_client::{
+    EtcdLockClient, LockBackendExt, LockError, LossReason, backend::LockStatus, verify::EtcdVerifier,
+};
+use fencing_layer::verify::{Raise, TokenVerifier, VerifyError};
 use test_support::Etcd;
 use tokio::time::{Instant, sleep};
 

@@ -24,7 +24,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Path, State};
 use axum::routing::put;
-use fencing_client::etcd_client::{Client, ConnectOptions};
+use fencing_client::drivers::etcd_client::{Client, ConnectOptions};
 use fencing_client::{EtcdLockClient, LockBackendExt, LossReason};
 use fencing_layer::{FencingLayer, FencingToken};
 use tokio::time::{Instant, sleep, timeout};
@@ -223,7 +223,7 @@ async fn fenced_resource() -> (String, Log) {
 
 async fn write_doc(base: &str, name: &str, token: u64) -> u16 {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
-    let request = fencing_client::fence_reqwest(http.put(format!("{base}/docs/{name}")), token);
+    let request = fencing_client::header::fence_reqwest(http.put(format!("{base}/docs/{name}")), token);
     request.send().await.unwrap().status().as_u16()
 }
 

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fencing_client::{Grant, Lease, LeaseOptions, LockError, LockProtocol, LossReason, Lost};
+use fencing_client::{Grant, Lease, LeaseOptions, LockError, LossReason, Lost, backend::LockProtocol};
 use tokio::time::{Instant, sleep};
 
 #[derive(Debug, Clone, Copy, PartialEq)]

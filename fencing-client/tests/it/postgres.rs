@@ -10,7 +10,8 @@
 use std::time::Duration;
 
 use fencing_client::{
-    Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LockStatus, LossReason, PgLockClient,
+    Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LossReason, PgLockClient,
+    backend::LockStatus,
 };
 use test_support::{OwnPg, Proxy, TestDb};
 use tokio::time::sleep;

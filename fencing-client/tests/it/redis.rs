@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use fencing_client::{
-    Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LockStatus, LossReason, RedisLockClient,
+    Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LossReason, RedisLockClient,
+    backend::LockStatus,
 };
 use test_support::Redis;
 use tokio::time::timeout;

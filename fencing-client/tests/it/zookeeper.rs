@@ -9,7 +9,8 @@
 use std::time::Duration;
 
 use fencing_client::{
-    Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LockStatus, LossReason, ZkLockClient,
+    Grant, LeaseOptions, LockBackend, LockBackendExt, LockError, LossReason, ZkLockClient,
+    backend::LockStatus,
 };
 use test_support::ZooKeeper;
 

@@ -14,7 +14,7 @@
 //! use fencing_layer::FencingLayer;
 //! use fencing_layer::claims::{ClaimBackend, ClaimStore};
 //! # use fencing_layer::claims::{BoxFuture, ClaimReply, ClaimRequest, ClaimSession};
-//! # use fencing_layer::StoreError;
+//! # use fencing_layer::store::StoreError;
 //! # struct Db;
 //! # impl ClaimBackend for Db {
 //! #     fn claim(&self, _: ClaimRequest<'_>) -> BoxFuture<'static, Result<ClaimReply, StoreError>> { unimplemented!() }

@@ -1,5 +1,5 @@
 //! The `SharedAdmitting` and `SharedInside` states: a request decided by a
-//! [`SharedStore`](crate::SharedStore) (marks shared by replicas).
+//! [`SharedStore`](crate::store::SharedStore) (marks shared by replicas).
 //!
 //! Waiting: with a verifier, a token above the highest this process has
 //! verified for the key is verified first; then the store decides, within

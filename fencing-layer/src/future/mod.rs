@@ -21,13 +21,13 @@
 //! - **Inside** (`Place` held): the inner future, polled straight into the
 //!   return slot. The hot path; nothing else is on it.
 //! - **Watched** (the cancel policy): the same, and a higher token for the
-//!   key drops the inner future and answers 409 `cancelled` ([`watched`]).
+//!   key drops the inner future and answers 409 `cancelled` (`watched.rs`).
 //! - **Admitting**: waiting for lower tokens to drain, for a raise to be
 //!   recorded, or for the verifier; each wake-up asks the admission rule
-//!   again, until it says enter or refuse, or the bound runs out ([`admitting`]).
+//!   again, until it says enter or refuse, or the bound runs out (`admitting.rs`).
 //! - **SharedAdmitting** / **SharedInside**: the same for a
-//!   [`SharedStore`](crate::SharedStore), whose permit can be revoked when
-//!   the replica's claim is lost: the inner future is dropped, 503 ([`claimed`]).
+//!   [`SharedStore`](crate::store::SharedStore), whose permit can be revoked when
+//!   the replica's claim is lost: the inner future is dropped, 503 (`claimed.rs`).
 //! - **Rejected**: the answer is built when first polled.
 //!
 //! Every place inside (a guard, a permit) is dropped after the inner future:

@@ -10,7 +10,7 @@ use super::KeyExtractor;
 /// `a.or(b)` by the first that finds a key.
 ///
 /// ```
-/// use fencing_layer::{FencingLayer, HeaderKey, KeyExtractorExt, PathKey};
+/// use fencing_layer::{FencingLayer, key::{HeaderKey, KeyExtractorExt, PathKey}};
 ///
 /// // One mark per tenant and path.
 /// let layer = FencingLayer::new()
@@ -94,7 +94,7 @@ mod tests {
     use http::HeaderName;
 
     use super::*;
-    use crate::{GlobalKey, HeaderKey, PathKey};
+    use crate::key::{GlobalKey, HeaderKey, PathKey};
 
     fn request(uri: &str, tenant: Option<&str>) -> Request<()> {
         let mut builder = Request::post(uri);

@@ -31,7 +31,7 @@ pub trait KeyRequest {
     /// feature, the whole original path even inside a nested router.
     fn path(&self) -> &str;
     /// The value of header `name` when it appears exactly once and is
-    /// non-empty visible ASCII, as [`HeaderKey`](crate::HeaderKey) takes it.
+    /// non-empty visible ASCII, as [`HeaderKey`](crate::key::HeaderKey) takes it.
     fn header(&self, name: &str) -> Option<&str>;
 }
 
@@ -104,7 +104,7 @@ where
 
 /// A request as a key function sees it, noting each header it asked for and
 /// did not get: run again after the function found no key, so that the 400's
-/// detail names them (`header x-tenant is missing`), as [`HeaderKey`](crate::HeaderKey)'s does.
+/// detail names them (`header x-tenant is missing`), as [`HeaderKey`](crate::key::HeaderKey)'s does.
 struct Watched<'r> {
     request: &'r dyn KeyRequest,
     problems: RefCell<Vec<String>>,

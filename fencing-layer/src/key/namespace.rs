@@ -61,7 +61,7 @@ impl<B, E: KeyExtractor<B>> KeyExtractor<B> for Namespaced<E> {
 #[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
-    use crate::{GlobalKey, HeaderKey, PathKey};
+    use crate::key::{GlobalKey, HeaderKey, PathKey};
 
     #[test]
     fn keys_get_their_namespace_and_misses_say_what_the_inner_lacked() {

@@ -53,7 +53,7 @@
 //! ```
 //! use std::path::Path;
 //!
-//! use fencing_layer::ReopeningDatabase;
+//! use fencing_layer::store::ReopeningDatabase;
 //! use redb::{Database, ReadableDatabase, TableDefinition};
 //!
 //! const T: TableDefinition<'_, &str, u64> = TableDefinition::new("t");

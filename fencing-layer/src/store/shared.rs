@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use fencing_layer::{FencingLayer, SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
+//! use fencing_layer::{FencingLayer, store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore}};
 //!
 //! /// A stand-in that admits everything (a real one asks a database).
 //! struct AdmitAll;

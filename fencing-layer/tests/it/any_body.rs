@@ -16,7 +16,7 @@ use tower::{ServiceBuilder, ServiceExt, service_fn};
 async fn send<B, F>(body: F, token: &str) -> (StatusCode, Bytes, Option<Rejection>)
 where
     F: Fn() -> B + Clone + Send + 'static,
-    B: Body + fencing_layer::RejectionBody + Send + 'static,
+    B: Body + fencing_layer::respond::RejectionBody + Send + 'static,
     B::Data: Send,
     B::Error: std::fmt::Debug,
 {

@@ -11,8 +11,9 @@ use crate::common::{Event, Probe, Reply, post_token, spawn_post};
 use axum::Router;
 use axum::body::Body;
 use fencing_layer::{
-    FencingLayer, InFlightPolicy, MarkStore, Raise, SharedPermit, SharedRefusal, SharedStore, Verification,
-    verify_fn,
+    FencingLayer, InFlightPolicy, MarkStore,
+    store::{SharedPermit, SharedRefusal, SharedStore},
+    verify::{Raise, Verification, verify_fn},
 };
 use http::{Request, StatusCode};
 use tokio::sync::oneshot;
@@ -22,7 +23,7 @@ use tower::ServiceExt;
 /// Counts the raises it is asked about and answers with `answer`.
 fn counting(
     answer: impl Fn(&Raise<'_>) -> Verification + Send + Sync + 'static,
-) -> (impl fencing_layer::TokenVerifier, Arc<AtomicUsize>) {
+) -> (impl fencing_layer::verify::TokenVerifier, Arc<AtomicUsize>) {
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&calls);
     let verifier = verify_fn(move |raise| {
@@ -30,6 +31,13 @@ fn counting(
         answer(raise)
     });
     (verifier, calls)
+}
+
+/// A counting verifier that takes tokens below 100 and refuses the rest as forged.
+fn below_100() -> (impl fencing_layer::verify::TokenVerifier, Arc<AtomicUsize>) {
+    counting(
+        |raise| if raise.token() < 100 { Verification::valid() } else { Verification::refused("forged") },
+    )
 }
 
 fn key(n: u64) -> String {
@@ -123,13 +131,13 @@ impl Answers {
         answer
     }
 
-    fn verifier(&self) -> impl fencing_layer::TokenVerifier {
+    fn verifier(&self) -> impl fencing_layer::verify::TokenVerifier {
         let answers = self.clone();
         verify_fn(move |raise| match answers.0.lock().unwrap().remove(&raise.token()) {
             Some(asked) => Verification::later(async move {
                 match asked.await {
                     Ok(true) => Ok(()),
-                    _ => Err(fencing_layer::VerifyError::Refused("refused by the test".into())),
+                    _ => Err(fencing_layer::verify::VerifyError::Refused("refused by the test".into())),
                 }
             }),
             None => Verification::valid(),
@@ -144,9 +152,7 @@ async fn the_holder_carries_on_while_a_raise_is_verified_and_the_raise_then_drai
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new().verifier(answers.verifier()));
     assert_eq!(post_token(&router, 0, 5).await.status, StatusCode::OK);
-    probe.hold(5);
-    let inside = spawn_post(&router, 0, 5);
-    probe.wait_for(Event::Enter(0, 5)).await;
+    let inside = probe.spawn_held(&router, 0, 5).await;
 
     let raise = spawn_post(&router, 0, 7);
     sleep(Duration::from_millis(500)).await;
@@ -189,27 +195,18 @@ async fn a_raise_overtaken_while_it_was_verified_is_stale() {
 
 #[tokio::test(start_paused = true)]
 async fn under_the_cancel_policy_a_refused_raise_cancels_nobody() {
-    let (verifier, _) =
-        counting(
-            |raise| {
-                if raise.token() < 100 { Verification::valid() } else { Verification::refused("forged") }
-            },
-        );
+    let (verifier, _) = below_100();
     let probe = Probe::default();
     let router =
         probe.router(FencingLayer::new().in_flight_policy(InFlightPolicy::Cancel).verifier(verifier));
-    probe.hold(5);
-    let inside = spawn_post(&router, 0, 5);
-    probe.wait_for(Event::Enter(0, 5)).await;
+    let inside = probe.spawn_held(&router, 0, 5).await;
     assert_eq!(post_token(&router, 0, 1000).await.status, StatusCode::FORBIDDEN);
     sleep(Duration::from_millis(100)).await;
     probe.release(5);
     assert_eq!(inside.await.unwrap().status, StatusCode::OK, "the forged token cancelled the holder");
     assert_eq!(probe.events(), [Event::Enter(0, 5), Event::Exit(0, 5)]);
     // A genuine raise still cancels, as the policy says.
-    probe.hold(5);
-    let inside = spawn_post(&router, 0, 5);
-    probe.wait_for(Event::Enter(0, 5)).await;
+    let inside = probe.spawn_held(&router, 0, 5).await;
     assert_eq!(post_token(&router, 0, 6).await.status, StatusCode::OK);
     assert_eq!(inside.await.unwrap().status, StatusCode::CONFLICT);
 }
@@ -240,9 +237,7 @@ async fn a_reset_keeps_holders_apart_from_those_inside() {
     let store = MarkStore::in_memory();
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new().store(store.clone()));
-    probe.hold(10);
-    let inside = spawn_post(&router, 0, 10);
-    probe.wait_for(Event::Enter(0, 10)).await;
+    let inside = probe.spawn_held(&router, 0, 10).await;
     store.reset(&key(0), 3).unwrap();
     // 4 is above the new mark, but 10 is still inside: 4 waits for it to leave.
     let next = spawn_post(&router, 0, 4);
@@ -262,7 +257,7 @@ async fn a_reset_keeps_holders_apart_from_those_inside() {
 #[cfg(feature = "redb")]
 #[tokio::test]
 async fn a_reset_is_durable_and_waits_for_a_raise_being_recorded() {
-    use fencing_layer::{MarkLog, RedbMarkLog, StoreError};
+    use fencing_layer::store::{MarkLog, RedbMarkLog, StoreError};
 
     /// A redb log whose writes wait for the test.
     struct Gated(RedbMarkLog, std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
@@ -302,7 +297,7 @@ async fn a_reset_is_durable_and_waits_for_a_raise_being_recorded() {
 struct AdmitAll(Arc<AtomicUsize>);
 
 impl SharedStore for AdmitAll {
-    fn admit(&self, _key: &str, _token: u64, _drain: Duration) -> fencing_layer::SharedAdmission {
+    fn admit(&self, _key: &str, _token: u64, _drain: Duration) -> fencing_layer::store::SharedAdmission {
         self.0.fetch_add(1, Ordering::SeqCst);
         Box::pin(async { Ok::<_, SharedRefusal>(SharedPermit::new(())) })
     }
@@ -310,12 +305,7 @@ impl SharedStore for AdmitAll {
 
 #[tokio::test]
 async fn with_a_shared_store_each_replica_verifies_a_token_once() {
-    let (verifier, calls) =
-        counting(
-            |raise| {
-                if raise.token() < 100 { Verification::valid() } else { Verification::refused("forged") }
-            },
-        );
+    let (verifier, calls) = below_100();
     let shared = AdmitAll::default();
     let router = Probe::default().router(FencingLayer::new().shared_store(shared.clone()).verifier(verifier));
     let mut statuses = Vec::new();
@@ -331,7 +321,7 @@ async fn with_a_shared_store_each_replica_verifies_a_token_once() {
 #[cfg(feature = "ed25519")]
 mod signed {
     use super::*;
-    use fencing_layer::{Ed25519Verifier, ProofSigner};
+    use fencing_layer::verify::{Ed25519Verifier, ProofSigner};
 
     async fn post(router: &Router, path: &str, token: u64, proof: Option<&str>) -> Reply {
         let mut request = Request::post(path).header("fencing-token", token);

@@ -5,7 +5,7 @@ use crate::common::Reply;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
-use fencing_layer::{FencingLayer, FencingToken, MarkStore, PathParamKey};
+use fencing_layer::{FencingLayer, FencingToken, MarkStore, key::PathParamKey};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 

@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::extract::Path;
 use axum::routing::post;
 use bytes::Bytes;
-use fencing_layer::{FencingLayer, FencingToken, KeyExtractor, RejectionResponder};
+use fencing_layer::{FencingLayer, FencingToken, key::KeyExtractor, respond::RejectionResponder};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
@@ -127,7 +127,7 @@ impl Reply {
         assert_eq!(self.headers["content-type"], "application/problem+json", "{self:?}");
         let problem: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
         assert_eq!(problem["status"], self.status.as_u16(), "{problem}");
-        assert!(problem["type"].as_str().unwrap().starts_with(fencing_layer::PROBLEM_TYPE_PREFIX));
+        assert!(problem["type"].as_str().unwrap().starts_with("urn:fencing:problem:"));
         assert!(!problem["detail"].as_str().unwrap().is_empty());
         problem
     }
@@ -207,6 +207,15 @@ impl Probe {
             }
         };
         Router::new().route("/r/{key}", post(handler)).route_layer(layer)
+    }
+
+    /// Sends `token`'s request for `key` through `router`, held inside the
+    /// handler until [`release`](Self::release), and returns once it is inside.
+    pub async fn spawn_held(&self, router: &Router, key: u64, token: u64) -> JoinHandle<Reply> {
+        self.hold(token);
+        let request = spawn_post(router, key, token);
+        self.wait_for(Event::Enter(key, token)).await;
+        request
     }
 
     /// Waits (on whatever clock the runtime has) until `event` has happened.

@@ -5,7 +5,11 @@ use std::time::Duration;
 use crate::common::{Reply, Server, app};
 use axum::Router;
 use axum::body::Body;
-use fencing_layer::{FencingLayer, HeaderKey, MarkLog, MarkStore, Rejection, StoreError, TokenError};
+use fencing_layer::{
+    FencingLayer, MarkStore, Rejection, TokenError,
+    key::HeaderKey,
+    store::{MarkLog, StoreError},
+};
 use http::{HeaderName, Request, StatusCode};
 use tower::ServiceExt;
 
@@ -57,7 +61,7 @@ impl Client {
 
 fn kind(reply: &Reply) -> String {
     let problem = reply.problem();
-    problem["type"].as_str().unwrap().trim_start_matches(fencing_layer::PROBLEM_TYPE_PREFIX).to_owned()
+    problem["type"].as_str().unwrap().trim_start_matches("urn:fencing:problem:").to_owned()
 }
 
 async fn unfenced_methods_pass_and_writes_need_a_token(http: bool) {

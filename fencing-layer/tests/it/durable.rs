@@ -9,7 +9,10 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
 
 use crate::common::{Event, Probe, post_token, spawn_post};
-use fencing_layer::{FencingLayer, InFlightPolicy, MarkLog, MarkStore, RedbMarkLog, StoreError};
+use fencing_layer::{
+    FencingLayer, InFlightPolicy, MarkStore,
+    store::{MarkLog, RedbMarkLog, StoreError},
+};
 use http::StatusCode;
 
 /// A redb log that counts writes and can be made to block until released.
@@ -29,6 +32,19 @@ impl Watched {
 
     fn writes(&self) -> usize {
         self.writes.load(Ordering::SeqCst)
+    }
+
+    /// A log at `path` whose writes each wait for a send on the returned sender
+    /// (dropping it fails the waiting write and opens the gate for good), and a
+    /// router fenced over it, with the store and the probe.
+    fn gated(path: &Path) -> (Self, mpsc::Sender<()>, MarkStore, Probe, axum::Router) {
+        let log = Self::open(path);
+        let (release, gate) = mpsc::channel();
+        *log.gate.lock().unwrap() = Some(gate);
+        let store = MarkStore::builder().durable(log.clone()).unwrap();
+        let probe = Probe::default();
+        let router = probe.router(FencingLayer::new().store(store.clone()));
+        (log, release, store, probe, router)
     }
 }
 
@@ -94,12 +110,7 @@ async fn recorded_tokens_do_no_disk_io() {
 async fn a_raise_is_on_disk_before_anyone_with_its_token_enters() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("marks.redb");
-    let log = Watched::open(&path);
-    let (release, gate) = mpsc::channel();
-    *log.gate.lock().unwrap() = Some(gate);
-    let store = MarkStore::builder().durable(log.clone()).unwrap();
-    let probe = Probe::default();
-    let router = probe.router(FencingLayer::new().store(store.clone()));
+    let (log, release, store, probe, router) = Watched::gated(&path);
 
     let raises: Vec<_> = (0..2)
         .map(|_| {
@@ -129,12 +140,7 @@ async fn a_raise_is_on_disk_before_anyone_with_its_token_enters() {
 async fn raises_queued_behind_a_write_share_the_next_one() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("marks.redb");
-    let log = Watched::open(&path);
-    let (release, gate) = mpsc::channel();
-    *log.gate.lock().unwrap() = Some(gate);
-    let store = MarkStore::builder().durable(log.clone()).unwrap();
-    let probe = Probe::default();
-    let router = probe.router(FencingLayer::new().store(store.clone()));
+    let (log, release, store, _, router) = Watched::gated(&path);
     let raises: Vec<_> = (0..64)
         .map(|key| {
             let router = router.clone();
@@ -219,12 +225,7 @@ async fn a_panicking_log_fails_the_raise_and_the_next_one_tries_again() {
 #[tokio::test]
 async fn a_raise_overtaken_while_its_write_fails_is_stale() {
     let dir = tempfile::tempdir().unwrap();
-    let log = Watched::open(&dir.path().join("marks.redb"));
-    let (release, gate) = mpsc::channel();
-    *log.gate.lock().unwrap() = Some(gate);
-    let store = MarkStore::builder().durable(log.clone()).unwrap();
-    let probe = Probe::default();
-    let router = probe.router(FencingLayer::new().store(store.clone()));
+    let (log, release, store, probe, router) = Watched::gated(&dir.path().join("marks.redb"));
     let five = spawn_post(&router, 1, 5);
     // Wait until the writer is inside the write of 5, so 7 gets a write of its own.
     while log.calls.load(Ordering::SeqCst) == 0 {
@@ -250,9 +251,7 @@ async fn the_cancel_policy_works_with_a_durable_store() {
     let store = MarkStore::open(dir.path().join("marks.redb")).unwrap();
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new().store(store).in_flight_policy(InFlightPolicy::Cancel));
-    probe.hold(1);
-    let first = spawn_post(&router, 0, 1);
-    probe.wait_for(Event::Enter(0, 1)).await;
+    let first = probe.spawn_held(&router, 0, 1).await;
     assert_eq!(post_token(&router, 0, 2).await.status, StatusCode::OK);
     assert_eq!(first.await.unwrap().status, StatusCode::CONFLICT);
     assert_eq!(

@@ -10,9 +10,12 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use crate::common::{Event, Probe, post_token, spawn_post};
+use crate::common::{Probe, post_token, spawn_post};
 use axum::body::Body;
-use fencing_layer::{FencingLayer, MarkLog, MarkStore, StoreError};
+use fencing_layer::{
+    FencingLayer, MarkStore,
+    store::{MarkLog, StoreError},
+};
 use http::{Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 
@@ -113,9 +116,7 @@ async fn an_unbounded_drain_timeout_after_a_durable_write_does_not_panic() {
     let probe = Probe::default();
     let layer = FencingLayer::new().store(log.store(Duration::MAX)).drain_timeout(Duration::MAX);
     let router = probe.router(layer.retry_after(Duration::MAX));
-    probe.hold(1);
-    let one = spawn_post(&router, 1, 1);
-    probe.wait_for(Event::Enter(1, 1)).await;
+    let one = probe.spawn_held(&router, 1, 1).await;
     // 2 is written, then waits for 1 to drain: the drain bound starts after the write.
     let two = spawn_post(&router, 1, 2);
     wait_until("2 was written", || log.calls() == 2).await;
@@ -130,9 +131,7 @@ async fn an_unbounded_drain_timeout_after_a_durable_write_does_not_panic() {
 async fn an_unbounded_retry_after_is_sent_as_the_largest_number_of_seconds() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new().drain_timeout(Duration::ZERO).retry_after(Duration::MAX));
-    probe.hold(1);
-    let one = spawn_post(&router, 1, 1);
-    probe.wait_for(Event::Enter(1, 1)).await;
+    let one = probe.spawn_held(&router, 1, 1).await;
     let two = post_token(&router, 1, 2).await;
     assert_eq!(two.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(two.headers["retry-after"], u64::MAX.to_string());

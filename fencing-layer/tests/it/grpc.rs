@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 
-use fencing_layer::{FencingLayer, HeaderKey, MarkStore};
+use fencing_layer::{FencingLayer, MarkStore, key::HeaderKey};
 use http::HeaderName;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};

@@ -6,7 +6,10 @@
 use crate::common::{Reply, app};
 use axum::Router;
 use axum::body::Body;
-use fencing_layer::{FencingLayer, HeaderKey, KeyExtractorExt, MarkStore, PathParamKey};
+use fencing_layer::{
+    FencingLayer, MarkStore,
+    key::{HeaderKey, KeyExtractor, KeyExtractorExt, PathParamKey},
+};
 use http::{HeaderName, Request, StatusCode};
 use tower::ServiceExt;
 
@@ -16,6 +19,20 @@ async fn post(router: &Router, uri: &str, token: &str, tenant: Option<&str>) -> 
         request = request.header("x-tenant", tenant);
     }
     Reply::read(router.clone().oneshot(request.body(Body::empty()).unwrap()).await.unwrap()).await
+}
+
+/// A router over `app` fenced by a layer keyed by `extractor`, and its store.
+fn keyed_by<E>(extractor: E) -> (Router, MarkStore)
+where
+    E: KeyExtractor<Body> + Clone + Send + Sync + 'static,
+{
+    let store = MarkStore::in_memory();
+    let (router, _) = app(FencingLayer::new().store(store.clone()).key_extractor(extractor));
+    (router, store)
+}
+
+fn tenant() -> HeaderKey {
+    HeaderKey::new(HeaderName::from_static("x-tenant"))
 }
 
 #[tokio::test]
@@ -56,10 +73,7 @@ async fn an_owned_key_fn_builds_its_key() {
 
 #[tokio::test]
 async fn a_header_and_a_path_parameter_make_one_key() {
-    let store = MarkStore::in_memory();
-    let tenant = HeaderKey::new(HeaderName::from_static("x-tenant"));
-    let layer = FencingLayer::new().store(store.clone()).key_extractor(tenant.and(PathParamKey::new("name")));
-    let (router, _) = app(layer);
+    let (router, store) = keyed_by(tenant().and(PathParamKey::new("name")));
 
     assert_eq!(post(&router, "/logs/billing", "7", Some("acme")).await.status, StatusCode::OK);
     assert_eq!(post(&router, "/logs/billing", "6", Some("acme")).await.status, StatusCode::CONFLICT);
@@ -79,10 +93,7 @@ async fn a_header_and_a_path_parameter_make_one_key() {
 
 #[tokio::test]
 async fn or_falls_back_to_the_next_extractor() {
-    let store = MarkStore::in_memory();
-    let tenant = HeaderKey::new(HeaderName::from_static("x-tenant"));
-    let layer = FencingLayer::new().store(store.clone()).key_extractor(tenant.or(PathParamKey::new("name")));
-    let (router, _) = app(layer);
+    let (router, store) = keyed_by(tenant().or(PathParamKey::new("name")));
     assert_eq!(post(&router, "/logs/billing", "2", Some("acme")).await.status, StatusCode::OK);
     assert_eq!(post(&router, "/logs/billing", "1", None).await.status, StatusCode::OK);
     assert_eq!((store.mark("acme"), store.mark("billing")), (Some(2), Some(1)));

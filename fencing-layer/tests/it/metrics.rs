@@ -10,7 +10,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use fencing_layer::{FencingLayer, InFlightPolicy, MarkLog, MarkStore, StoreError, Verification, verify_fn};
+use fencing_layer::{
+    FencingLayer, InFlightPolicy, MarkStore,
+    store::{MarkLog, StoreError},
+    verify::{Verification, verify_fn},
+};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use metrics::Unit;
@@ -218,7 +222,7 @@ fn a_drain_timeout_is_timed_and_the_request_inside_is_counted() {
         runtime.block_on(async {
             let gate = Arc::new(Semaphore::new(0));
             let layer = FencingLayer::new()
-                .key_extractor(fencing_layer::GlobalKey)
+                .key_extractor(fencing_layer::key::GlobalKey)
                 .drain_timeout(Duration::from_millis(250))
                 .metrics_label("orders");
             let fenced = tower::Layer::layer(&layer, inner(Arc::clone(&gate)));
@@ -251,7 +255,7 @@ fn a_drain_timeout_is_timed_and_the_request_inside_is_counted() {
 fn a_drain_that_ends_records_the_wait_and_both_leave() {
     let recorded = recorded(true, || async {
         let gate = Arc::new(Semaphore::new(0));
-        let layer = FencingLayer::new().key_extractor(fencing_layer::GlobalKey);
+        let layer = FencingLayer::new().key_extractor(fencing_layer::key::GlobalKey);
         let fenced = tower::Layer::layer(&layer, inner(Arc::clone(&gate)));
         let held = tokio::spawn(fenced.clone().oneshot(post("/held", Some("5"))));
         tokio::task::yield_now().await;
@@ -273,7 +277,7 @@ fn a_drain_that_ends_records_the_wait_and_both_leave() {
 fn cancelled_requests_count_as_stale_and_unfenced_ones_as_unfenced() {
     let recorded = recorded(false, || async {
         let layer = FencingLayer::new()
-            .key_extractor(fencing_layer::GlobalKey)
+            .key_extractor(fencing_layer::key::GlobalKey)
             .in_flight_policy(InFlightPolicy::Cancel)
             .allow_unfenced(true);
         let fenced = tower::Layer::layer(&layer, inner(Arc::new(Semaphore::new(0))));
@@ -390,12 +394,12 @@ fn keys_a_durable_store_loaded_are_tracked_before_any_raise() {
 /// with a permit revoked when `revoke` fires.
 struct RevokingStore(Arc<tokio::sync::Notify>);
 
-impl fencing_layer::SharedStore for RevokingStore {
-    fn admit(&self, _key: &str, _token: u64, _drain: Duration) -> fencing_layer::SharedAdmission {
+impl fencing_layer::store::SharedStore for RevokingStore {
+    fn admit(&self, _key: &str, _token: u64, _drain: Duration) -> fencing_layer::store::SharedAdmission {
         let revoke = Arc::clone(&self.0);
         Box::pin(async move {
             let revoked = async move { revoke.notified().await };
-            let permit = fencing_layer::SharedPermit::revocable((), revoked);
+            let permit = fencing_layer::store::SharedPermit::revocable((), revoked);
             Ok(permit.with_raise(true, Some(Duration::from_millis(30))))
         })
     }

@@ -6,7 +6,10 @@
 use axum::Router;
 use axum::body::Body;
 use axum::routing::put;
-use fencing_layer::{FencingLayer, HeaderKey, MarkStore, PathParamKey};
+use fencing_layer::{
+    FencingLayer, MarkStore,
+    key::{HeaderKey, PathParamKey},
+};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 

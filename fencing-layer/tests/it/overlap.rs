@@ -13,9 +13,7 @@ use tokio::time::{Instant, sleep};
 async fn a_higher_token_waits_until_the_lower_one_has_returned() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new());
-    probe.hold(1);
-    let first = spawn_post(&router, 0, 1);
-    probe.wait_for(Event::Enter(0, 1)).await;
+    let first = probe.spawn_held(&router, 0, 1).await;
     let second = spawn_post(&router, 0, 2);
     sleep(Duration::from_secs(2)).await;
     assert_eq!(probe.events(), [Event::Enter(0, 1)], "token 2 entered while token 1 was inside");
@@ -54,9 +52,7 @@ async fn equal_tokens_are_inside_together() {
 async fn the_drain_bound_gives_503_and_keeps_the_mark() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new().drain_timeout(Duration::from_secs(3)));
-    probe.hold(1);
-    let first = spawn_post(&router, 0, 1);
-    probe.wait_for(Event::Enter(0, 1)).await;
+    let first = probe.spawn_held(&router, 0, 1).await;
     let started = Instant::now();
     let reply = post_token(&router, 0, 2).await;
     assert_eq!(started.elapsed(), Duration::from_secs(3));
@@ -77,9 +73,7 @@ async fn the_drain_bound_gives_503_and_keeps_the_mark() {
 async fn a_waiter_overtaken_by_a_still_higher_token_gets_409() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new());
-    probe.hold(1);
-    let first = spawn_post(&router, 0, 1);
-    probe.wait_for(Event::Enter(0, 1)).await;
+    let first = probe.spawn_held(&router, 0, 1).await;
     let second = spawn_post(&router, 0, 2);
     sleep(Duration::from_millis(100)).await;
     let third = spawn_post(&router, 0, 3);
@@ -105,9 +99,7 @@ async fn the_cancel_policy_drops_the_older_request_and_answers_it_409() {
     let probe = Probe::default();
     let layer = FencingLayer::new().in_flight_policy(InFlightPolicy::Cancel);
     let router = probe.router(layer);
-    probe.hold(1);
-    let first = spawn_post(&router, 0, 1);
-    probe.wait_for(Event::Enter(0, 1)).await;
+    let first = probe.spawn_held(&router, 0, 1).await;
     let started = Instant::now();
     let second = post_token(&router, 0, 2).await;
     assert_eq!(started.elapsed(), Duration::ZERO, "the newer holder did not wait for a drain");
@@ -126,9 +118,7 @@ async fn the_cancel_policy_drops_the_older_request_and_answers_it_409() {
 async fn a_disconnected_client_lets_the_next_holder_in() {
     let probe = Probe::default();
     let router = probe.router(FencingLayer::new());
-    probe.hold(1);
-    let first = spawn_post(&router, 0, 1);
-    probe.wait_for(Event::Enter(0, 1)).await;
+    let first = probe.spawn_held(&router, 0, 1).await;
     let second = spawn_post(&router, 0, 2);
     sleep(Duration::from_millis(100)).await;
     first.abort();

@@ -7,9 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::common::{Event, Probe, post_token, spawn_post};
+use crate::common::{Probe, post_token};
 use fencing_layer::{
-    FencingLayer, MarkStore, SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError,
+    FencingLayer, MarkStore,
+    store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError},
 };
 use http::StatusCode;
 
@@ -57,9 +58,7 @@ async fn the_permit_is_held_while_inside_and_the_token_reaches_the_handler() {
     let layer = FencingLayer::new().drain_timeout(Duration::from_secs(3)).shared_store(store.clone());
     let local = layer.mark_store().clone();
     let router = probe.router(layer);
-    probe.hold(4);
-    let inside = spawn_post(&router, 1, 4);
-    probe.wait_for(Event::Enter(1, 4)).await;
+    let inside = probe.spawn_held(&router, 1, 4).await;
     assert_eq!(store.alive.load(Ordering::SeqCst), 1);
     probe.release(4);
     assert_eq!(inside.await.unwrap().status, StatusCode::OK);

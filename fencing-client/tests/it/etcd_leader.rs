@@ -232,9 +232,17 @@ async fn write_doc(base: &str, name: &str, token: u64) -> u16 {
 #[derive(Default)]
 struct Acked {
     tokens: HashMap<usize, Vec<u64>>,
+    /// Each writer's first token whose write the resource acknowledged, once a higher one
+    /// of its has been acknowledged too: from then on the resource's mark is above it. (A
+    /// token only granted is no proof: until the new holder writes, the mark is still the
+    /// previous token, and a write with it is rightly admitted.)
+    stale: HashMap<usize, u64>,
+    first_written: HashMap<usize, u64>,
     /// When each write was acknowledged (200): the longest gap is the stall.
     writes: Vec<Instant>,
     fresh_refused: u64,
+    /// Writes tried with a stale token (each must get 409).
+    stale_tried: u64,
 }
 
 struct Load {
@@ -264,7 +272,14 @@ impl Load {
                     acked.lock().unwrap().tokens.entry(writer).or_default().push(token);
                     let status = write_doc(&resource, &name, token).await;
                     match status {
-                        200 => acked.lock().unwrap().writes.push(Instant::now()),
+                        200 => {
+                            let mut acked = acked.lock().unwrap();
+                            acked.writes.push(Instant::now());
+                            let first = *acked.first_written.entry(writer).or_insert(token);
+                            if token > first {
+                                acked.stale.entry(writer).or_insert(first);
+                            }
+                        }
                         _ => acked.lock().unwrap().fresh_refused += 1,
                     }
                     let _ = lease.release().await;
@@ -276,9 +291,11 @@ impl Load {
         tasks.push(tokio::spawn(async move {
             while !stop_.load(Ordering::Relaxed) {
                 for writer in 0..WRITERS {
-                    let first =
-                        acked_.lock().unwrap().tokens.get(&writer).filter(|t| t.len() > 1).map(|t| t[0]);
-                    if let Some(stale) = first
+                    let stale = acked_.lock().unwrap().stale.get(&writer).copied();
+                    if stale.is_some() {
+                        acked_.lock().unwrap().stale_tried += 1;
+                    }
+                    if let Some(stale) = stale
                         && write_doc(&resource, &format!("job-{writer}"), stale).await != 409
                     {
                         admitted.fetch_add(1, Ordering::Relaxed);
@@ -381,13 +398,19 @@ async fn leader_kills_and_a_stopped_leader_keep_tokens_increasing_and_writes_for
         assert!(tokens.iter().all(|token| all.insert(*token)), "a token was handed out twice");
     }
     assert_eq!(acked.fresh_refused, 0, "a fresh holder's write was refused: a token went back");
+    assert!(acked.stale_tried > 0, "no stale write was tried");
     assert_eq!(stale_admitted, 0, "a stale write got in");
     let mut last: HashMap<String, u64> = HashMap::new();
     for (name, token) in log.lock().unwrap().iter() {
         let previous = last.insert(name.clone(), *token).unwrap_or(0);
         assert!(*token >= previous, "{name}: a write with {token} after one with {previous}");
     }
-    eprintln!("{} leases, {} writes acknowledged, 0 stale admitted", all.len(), acked.writes.len());
+    eprintln!(
+        "{} leases, {} writes acknowledged, 0 of {} stale writes admitted",
+        all.len(),
+        acked.writes.len(),
+        acked.stale_tried
+    );
 }
 
 /// A holder talks to one member only, which is stopped (SIGSTOP): its renewals

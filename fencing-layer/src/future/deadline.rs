@@ -62,8 +62,10 @@ impl Future for Deadline {
                 return Poll::Ready(());
             }
             // Fired early: the clock stepped back below what the wheel has seen.
-            step = (step * 2).max(*this.at - now);
-            let later = this.sleep.deadline().checked_add(step).unwrap_or(*this.at);
+            step = step.saturating_mul(2).max(*this.at - now);
+            // Past what `Instant` can hold, as far as `instant_after` goes: still later than the wheel.
+            let fired = this.sleep.deadline();
+            let later = fired.checked_add(step).unwrap_or_else(|| instant_after(Duration::MAX).max(fired));
             tracing::debug!(early_by = ?(*this.at - now), "a timer fired before its deadline: the clock stepped back");
             this.sleep.as_mut().reset(later.max(*this.at));
         }

@@ -9,6 +9,7 @@
 //!   fence(resource, token)                  -- 2: locks the key's mark row; lower token: 409, roll back
 //!   ?delay_ms                               -- a stalled write holds the row, as a real one would
 //!   INSERT … / UPDATE … / DELETE …          -- 2 as well without a delay (sent behind the fence), else 3
+//!   (a raise or a first use: the mark)      -- one more, after the write
 //! COMMIT                                    -- data and mark together; the row unlocks
 //! ```
 //!

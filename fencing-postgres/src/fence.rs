@@ -5,6 +5,7 @@ use std::sync::Arc;
 use tokio_postgres::Client;
 
 use crate::error::FenceError;
+use crate::known::KnownMarks;
 use crate::table::{InvalidTableName, quote};
 use crate::transaction::FenceTransaction;
 
@@ -26,12 +27,17 @@ const OFFSET: &str = "9223372036854775808";
 #[derive(Debug, Clone)]
 pub struct PgFence {
     sql: Arc<Statements>,
+    known: Arc<KnownMarks>,
 }
 
 #[derive(Debug)]
 struct Statements {
     table: String,
     migrate: String,
+    /// `($1 key, $2 token)` → `(mark, way)`: locks the key's mark row, if any.
+    /// The whole fence for a token this process fenced the key with last.
+    lock: String,
+    /// `($1 key, $2 token)` → `(previous, mark, way)`: locks, inserts or raises.
     fence: String,
     claims: ClaimStatements,
 }
@@ -84,7 +90,7 @@ pub(crate) const WAY_CLAIMS: &str = "claims";
 
 impl Default for PgFence {
     fn default() -> Self {
-        Self::table(Self { sql: Arc::new(Statements::empty()) }, DEFAULT_TABLE)
+        Self::table(Self { sql: Arc::new(Statements::empty()), known: Arc::default() }, DEFAULT_TABLE)
             .expect("the default name is valid")
     }
 }
@@ -92,7 +98,13 @@ impl Default for PgFence {
 impl Statements {
     fn empty() -> Self {
         let none = String::new;
-        Self { table: none(), migrate: none(), fence: none(), claims: ClaimStatements::default() }
+        Self {
+            table: none(),
+            migrate: none(),
+            lock: none(),
+            fence: none(),
+            claims: ClaimStatements::default(),
+        }
     }
 }
 
@@ -140,14 +152,19 @@ impl PgFence {
                  PRIMARY KEY (key, replica)
              )"
         );
-        // Lock first, write only when needed. `cur` locks the key's row (a
-        // lower-token transaction holding it is waited for; under READ
-        // COMMITTED the wait ends on the latest committed row). An equal or
-        // higher mark is the answer as it stands: the row is locked, not
-        // rewritten. A missing row or a lower mark goes to the upsert, which
-        // inserts or raises (a row another transaction inserted meanwhile is
-        // raised with GREATEST). A key owned by the shared store is never
-        // changed: the upsert skips it and `cur` reports its way.
+        // A token equal to the mark, every write of a holder but its first,
+        // only needs the key's row locked: a lower-token transaction holding it
+        // is waited for (under READ COMMITTED the wait ends on the latest
+        // committed row), and nothing is rewritten. `$2` is unused; both
+        // statements take the same parameters.
+        let lock =
+            format!("SELECT (mark - {OFFSET})::int8, way FROM {quoted} WHERE key = $1 FOR NO KEY UPDATE");
+        // Otherwise lock first, write only when needed. `cur` locks the key's
+        // row. An equal or higher mark is the answer as it stands: the row is
+        // locked, not rewritten. A missing row or a lower mark goes to the
+        // upsert, which inserts or raises (a row another transaction inserted
+        // meanwhile is raised with GREATEST). A key owned by the shared store
+        // is never changed: the upsert skips it and `cur` reports its way.
         let fence = format!(
             "WITH cur AS (
                  SELECT mark, way FROM {quoted} WHERE key = $1 FOR NO KEY UPDATE
@@ -226,7 +243,10 @@ impl PgFence {
         };
         #[cfg(feature = "mutants")]
         let (migrate, claims_sql) = mutant::session_claims(migrate, claims_sql, &claims);
-        Self { sql: Arc::new(Statements { table, migrate, fence, claims: claims_sql }) }
+        Self {
+            sql: Arc::new(Statements { table, migrate, lock, fence, claims: claims_sql }),
+            known: Arc::default(),
+        }
     }
 
     /// The shared store's statements.
@@ -248,7 +268,10 @@ impl PgFence {
     /// Fences `key` with `token` inside `tx`, the transaction that then makes
     /// the writes: locks the key's mark row (creating it on first use), refuses
     /// a token lower than the mark with [`FenceError::Stale`], and raises the
-    /// mark to a higher one. One statement, one round trip.
+    /// mark to a higher one. One statement, one round trip: for a token this
+    /// `PgFence` (or a clone) fenced the key with last, every write of a
+    /// holder but its first, a plain lock of the row that writes nothing;
+    /// otherwise the statement that creates or raises the row.
     ///
     /// The row stays locked until `tx` commits or rolls back, so fenced
     /// transactions on one key run one after another, across every replica:
@@ -269,6 +292,8 @@ impl PgFence {
     /// ([`FenceTransaction`]). To send the write in the same round trip as the
     /// fence (`try_join!` of both), call [`prepare`](Self::prepare) first, so
     /// that the fence goes out ahead of the write on a connection's first use too.
+    /// Either way the write runs after the key's row is locked or created
+    /// (`known.rs` in the source says why that order matters).
     pub async fn fence<T: FenceTransaction + ?Sized>(
         &self,
         tx: &T,
@@ -281,7 +306,25 @@ impl PgFence {
         if key.contains('\0') {
             return Err(FenceError::KeyHasNul);
         }
-        let rows = tx.fence_query(&self.sql.fence, key, to_wire(token)).await?;
+        let wire = to_wire(token);
+        if self.known.is(key, token) {
+            // The row is in place (`known.rs`): lock it and read its mark.
+            if let Some(row) = tx.fence_query(&self.sql.lock, key, wire).await?.first() {
+                let mark = from_wire(row.try_get(0)?);
+                let way: Option<&str> = row.try_get(1)?;
+                if way == Some(WAY_CLAIMS) {
+                    return Err(FenceError::FencedByClaims { key: key.to_owned() });
+                }
+                if mark > token {
+                    return Err(FenceError::Stale { key: key.to_owned(), presented: token, highest: mark });
+                }
+                if mark == token {
+                    return Ok(Fenced { token, previous: mark });
+                }
+            }
+            // Gone or lower behind this process's back: create or raise it below.
+        }
+        let rows = tx.fence_query(&self.sql.fence, key, wire).await?;
         // No row: neither `cur` nor `up` had one. Only a race on a key's first
         // use does that: the row was inserted after this statement's snapshot
         // and belongs to the shared store (the upsert left it alone).
@@ -300,14 +343,16 @@ impl PgFence {
         if token > previous {
             tracing::debug!(key, previous, token, "fencing mark raised");
         }
+        self.known.remember(key, token);
         Ok(Fenced { token, previous })
     }
 
-    /// Prepares the fence statement on a pooled connection, unless its
-    /// statement cache holds it already (then this does not wait). After it, a
+    /// Prepares the fence's two statements on a pooled connection, unless its
+    /// statement cache holds them already (then this does not wait). After it, a
     /// [`fence`](Self::fence) on that connection sends its statement on its
     /// first poll, ahead of a write polled after it.
     pub async fn prepare(&self, client: &deadpool_postgres::ClientWrapper) -> Result<(), FenceError> {
+        client.prepare_typed_cached(&self.sql.lock, &crate::transaction::PARAMS).await?;
         client.prepare_typed_cached(&self.sql.fence, &crate::transaction::PARAMS).await?;
         Ok(())
     }

@@ -83,15 +83,19 @@
 //! database that is away or a pool that is exhausted a 503 with `Retry-After`,
 //! each with one log line.
 //!
-//! # The statement
+//! # The statements
 //!
 //! One statement, so one round trip per fenced transaction, and it can go out
 //! with the write (`try_join!` of both, after [`PgFence::prepare`]). A pooled
 //! transaction prepares it once per connection; a plain `tokio_postgres` one
-//! sends it with typed parameters each time ([`FenceTransaction`]). Without
-//! the token encoding (below), it reads:
+//! sends it with typed parameters each time ([`FenceTransaction`]). Which
+//! statement depends on the token. Without the token encoding (below):
 //!
 //! ```sql
+//! -- The token this PgFence fenced the key with last (every write of a holder
+//! -- after its first): lock the row and read its mark. Nothing is rewritten.
+//! SELECT mark FROM fencing_marks WHERE key = $1 FOR NO KEY UPDATE
+//! -- Any other token (a raise, a key's first use here): lock, then insert or raise.
 //! WITH cur AS (SELECT mark FROM fencing_marks WHERE key = $1 FOR NO KEY UPDATE),
 //! up AS (
 //!   INSERT INTO fencing_marks AS m (key, mark, previous)
@@ -103,13 +107,13 @@
 //! UNION ALL SELECT mark, mark FROM cur WHERE NOT EXISTS (SELECT 1 FROM up)
 //! ```
 //!
-//! It locks the key's row until the transaction ends. A token equal to the
-//! mark (every write of a holder after its first) only locks it: the row is
-//! not rewritten, so no new row version and no dead tuple per write. A higher
-//! token, or a key's first use, goes through the upsert, which raises or
-//! creates the row. A returned mark above the token is a stale token: the row
-//! was locked but not changed, and the caller's rollback releases it.
-//! `previous` carries the mark the statement found back to [`Fenced`].
+//! Either locks the key's row until the transaction ends. A token equal to
+//! the mark only locks it: no new row version and no dead tuple per write.
+//! What the process remembers is only a hint for choosing: the row's mark
+//! decides, and a row gone or lowered behind the process's back is created or
+//! raised by the second statement. A returned mark above the token is a stale
+//! token: the row was locked but not changed, and the caller's rollback
+//! releases it. `previous` carries the mark the statement found back to [`Fenced`].
 //!
 //! Tokens are `u64`; the table keeps them in `NUMERIC(20,0)`, so a mark reads
 //! as the token it is and an operator can reset one with plain SQL
@@ -193,6 +197,7 @@ mod claims;
 pub mod durability;
 mod error;
 mod fence;
+mod known;
 mod pool;
 mod shared;
 mod table;

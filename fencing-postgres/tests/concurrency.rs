@@ -186,3 +186,68 @@ async fn a_lower_token_waiting_behind_a_higher_one_learns_its_outcome() {
         }
     }
 }
+
+/// A key's first use, with the write sent behind the fence (`try_join!`, as
+/// `demo-resource` does): the fence creates the row before the write runs, so
+/// the second transaction waits at its fence for the first. Once that commits,
+/// the lower token of the two is refused and its write rolled back with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_uses_racing_with_pipelined_writes_keep_only_the_higher_token() {
+    let Some((db, fence, observer)) = setup().await else { return };
+    let pool = db.pool(PoolLimits::default());
+    for (first, second) in [(6, 5), (5, 6)] {
+        let key = format!("{KEY}/first-use-{first}-{second}");
+        let mut a = pool.get().await.unwrap();
+        fence.prepare(&a).await.unwrap();
+        let a_tx = a.transaction().await.unwrap();
+        let fenced = fence_and_insert(&fence, &a_tx, &key, first).await.unwrap();
+        assert_eq!(fenced, Fenced { token: first, previous: 0 });
+
+        let (b_pool, b_fence, b_key) = (pool.clone(), fence.clone(), key.clone());
+        let b = tokio::spawn(async move {
+            let mut client = b_pool.get().await.unwrap();
+            b_fence.prepare(&client).await.unwrap();
+            let tx = client.transaction().await.unwrap();
+            let outcome = fence_and_insert(&b_fence, &tx, &b_key, second).await;
+            if outcome.is_ok() {
+                tx.commit().await.unwrap();
+            }
+            outcome
+        });
+        // B's fence waits on A's uncommitted row.
+        lock_waiters(&observer, 1).await;
+        a_tx.commit().await.unwrap();
+        let outcome = timeout(BOUND, b).await.unwrap().unwrap();
+        let rows = observer
+            .query("SELECT token::text FROM writes WHERE key = $1 ORDER BY seq", &[&key])
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.get::<_, String>(0))
+            .collect::<Vec<_>>();
+        if second < first {
+            assert!(
+                matches!(outcome, Err(FenceError::Stale { presented: 5, highest: 6, .. })),
+                "{outcome:?}"
+            );
+            assert_eq!(rows, ["6"], "the refused write must roll back with its fence");
+        } else {
+            assert_eq!(outcome.unwrap(), Fenced { token: 6, previous: 5 });
+            assert_eq!(rows, ["5", "6"]);
+        }
+        assert_eq!(common::mark(&observer, &key).await, Some(first.max(second).to_string()));
+    }
+}
+
+/// The fence and the write sent together: the write goes out right behind the
+/// fence's first statement.
+async fn fence_and_insert(
+    fence: &PgFence,
+    tx: &deadpool_postgres::Transaction<'_>,
+    key: &str,
+    token: u64,
+) -> Result<Fenced, FenceError> {
+    let insert = async { tx.execute(INSERT, &[&key, &token.to_string()]).await.map_err(FenceError::from) };
+    let (fenced, _) = tokio::try_join!(fence.fence(tx, key, token), insert)?;
+    Ok(fenced)
+}

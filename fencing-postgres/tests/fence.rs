@@ -244,8 +244,43 @@ async fn an_equal_token_locks_the_row_without_rewriting_it() {
     assert_eq!(raised.1, "6");
 }
 
+/// The statements prepared on a connection (but this one), and how often each ran.
+const PREPARED: &str = "SELECT statement, generic_plans + custom_plans FROM pg_prepared_statements
+    WHERE statement NOT LIKE '%pg_prepared_statements%' ORDER BY statement";
+
+/// The token a `PgFence` remembers per key only picks the statement; the row's
+/// mark decides, even when it changed behind the process's back.
 #[tokio::test]
-async fn a_pooled_transaction_prepares_the_statement_once_per_connection() {
+async fn a_remembered_token_is_a_hint_and_the_row_decides() {
+    let Some(db) = TestDb::create().await else { return };
+    let fence = db.fence().await;
+    let mut client = db.connect().await;
+    let observer = db.connect().await;
+    let key = "/docs/hint";
+    fence_once(&fence, &mut client, key, 5).await.unwrap();
+    // A raise to 7 rolled back: 7 is remembered, the row still says 5.
+    let tx = client.transaction().await.unwrap();
+    assert_eq!(fence.fence(&tx, key, 7).await.unwrap(), Fenced { token: 7, previous: 5 });
+    tx.rollback().await.unwrap();
+    assert_eq!(mark(&observer, key).await.as_deref(), Some("5"));
+    assert_eq!(fence_once(&fence, &mut client, key, 7).await.unwrap(), Fenced { token: 7, previous: 5 });
+    assert_eq!(mark(&observer, key).await.as_deref(), Some("7"));
+    // An operator deleted the row: 7 creates it again.
+    observer.execute("DELETE FROM fencing_marks WHERE key = $1", &[&key]).await.unwrap();
+    assert_eq!(fence_once(&fence, &mut client, key, 7).await.unwrap(), Fenced { token: 7, previous: 0 });
+    assert_eq!(mark(&observer, key).await.as_deref(), Some("7"));
+    // An operator raised it: the remembered 7 is stale.
+    observer.execute("UPDATE fencing_marks SET mark = 9 WHERE key = $1", &[&key]).await.unwrap();
+    let stale = fence_once(&fence, &mut client, key, 7).await;
+    assert!(matches!(stale, Err(FenceError::Stale { presented: 7, highest: 9, .. })), "{stale:?}");
+    // Another process (another PgFence) raised it: the same.
+    fence_once(&db.fence().await, &mut client, key, 10).await.unwrap();
+    let stale = fence_once(&fence, &mut client, key, 9).await;
+    assert!(matches!(stale, Err(FenceError::Stale { presented: 9, highest: 10, .. })), "{stale:?}");
+}
+
+#[tokio::test]
+async fn a_pooled_transaction_prepares_the_statements_once_per_connection() {
     let Some(db) = TestDb::create().await else { return };
     let fence = db.fence().await;
     let pool = db.pool(PoolLimits { max_size: 1, ..PoolLimits::default() });
@@ -257,12 +292,18 @@ async fn a_pooled_transaction_prepares_the_statement_once_per_connection() {
     }
     let client = pool.get().await.unwrap();
     fence.prepare(&client).await.unwrap(); // cached: no second statement
-    let prepared: i64 = client
-        .query_one("SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'WITH cur AS%'", &[])
+    // Each statement once, and how often it ran: the plain lock for the two
+    // repeated tokens, the full statement for the first use and the raise.
+    let prepared: Vec<(String, i64)> = client
+        .query(PREPARED, &[])
         .await
         .unwrap()
-        .get(0);
-    assert_eq!(prepared, 1, "one prepared fence statement on the pool's one connection");
+        .iter()
+        .map(|row| (row.get::<_, String>(0), row.get(1)))
+        .collect();
+    assert_eq!(prepared.len(), 2, "the fence's two statements on the pool's one connection: {prepared:?}");
+    assert!(prepared[0].0.starts_with("SELECT") && prepared[0].1 == 2, "{prepared:?}");
+    assert!(prepared[1].0.starts_with("WITH cur AS") && prepared[1].1 == 2, "{prepared:?}");
     // A stale token through the cached statement is refused as before.
     let mut client = client;
     let tx = client.transaction().await.unwrap();

@@ -96,6 +96,7 @@
 mod admin;
 mod backend;
 pub mod billing;
+mod failure;
 mod http;
 mod marks;
 mod metrics;
@@ -125,7 +126,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::backend::Backend;
-pub use crate::marks::{OpenMarksError, ResetError, StoppedMarks};
+pub use crate::failure::Failure;
+pub use crate::marks::{ResetError, StoppedMarks};
 use crate::postgres::PgData;
 pub use crate::running::Running;
 use crate::store::Data;

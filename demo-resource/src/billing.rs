@@ -266,7 +266,7 @@ impl Scenario {
         let _ = control.resume.send(());
         let a = bounded("A's job", &mut a_job.0).await?.map_err(|e| fail("A's job", e))??;
         history.note(Event::RoundEnded(index));
-        let charges = provider.provider().charges();
+        let charges = provider.served().charges();
         provider.shutdown().await.map_err(|e| fail("provider shutdown", e))?;
         Ok(Round { protection, pause, run: job.run, customers: customers.to_vec(), a, b, charges })
     }

@@ -366,7 +366,7 @@ async fn stale_after_newer(
     let url = format!("{}{path}", resource.base_url());
     let record = &clients.record;
     record.note(Happening::RoundStarted(round));
-    let marks = resource.resource().mark_store().cloned();
+    let marks = resource.served().mark_store().cloned();
     let note_mark = || record.note(Happening::Mark(marks.as_ref().and_then(|marks| marks.mark(&path))));
     if marks.is_none() {
         note_mark();
@@ -399,7 +399,7 @@ async fn stale_after_newer(
 /// (waiting out `delay_ms`) when A's lease expires and B writes.
 async fn stale_in_flight(clients: &Clients, config: Config, name: &str) -> Result<(Run, bool), Failure> {
     let running = start(config).await?;
-    let resource = running.resource().clone();
+    let resource = running.served().clone();
     let path = format!("/logs/{name}");
     let url = format!("{}{path}", running.base_url());
     let record = &clients.record;

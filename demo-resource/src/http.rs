@@ -182,6 +182,22 @@ fn name(path: Result<Path<String>, PathRejection>) -> Result<String, Problem> {
     Ok(name)
 }
 
+/// A 415 problem saying `detail`, unless the body is declared JSON
+/// (`Content-Type: application/json`, parameters such as a charset allowed): the
+/// admin reset and the payment provider's charges take nothing else.
+pub(crate) fn require_json(headers: &axum::http::HeaderMap, detail: &'static str) -> Result<(), Problem> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if json {
+        return Ok(());
+    }
+    Err(Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type")
+        .detail(detail))
+}
+
 /// Parses the query of a write route: only `delay_ms`, at most once, a decimal
 /// number of milliseconds up to [`MAX_DELAY_MS`].
 pub(crate) fn parse_delay(query: Option<&str>) -> Result<Duration, Problem> {

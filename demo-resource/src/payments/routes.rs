@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::ledger::{Charge, ChargeParams, Claim, Ledger, Saved};
 use super::{MAX_AMOUNT, MAX_CHARGE_BODY_BYTES, MAX_KEY_CHARS, REPLAYED_HEADER};
-use crate::http::{Problem, parse_delay};
+use crate::http::{Problem, parse_delay, require_json};
 
 type Answer = Result<Response, Problem>;
 
@@ -114,19 +114,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
 
 /// The JSON body, checked field by field.
 async fn charge_params(headers: &HeaderMap, body: Body) -> Result<ChargeParams, Problem> {
-    let json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-    if !json {
-        return Err(Problem::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
-            "Unsupported media type",
-        )
-        .detail("the body must be application/json"));
-    }
+    require_json(headers, "the body must be application/json")?;
     let bytes = match Limited::new(body, MAX_CHARGE_BODY_BYTES).collect().await {
         Ok(collected) => collected.to_bytes(),
         Err(error) if error.is::<LengthLimitError>() => {

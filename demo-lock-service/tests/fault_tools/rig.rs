@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::Service;
+use super::{Service, have};
 
 /// `bin args… --data-dir DIR/data` under `fiu-run -x` (its remote control in
-/// `DIR`), and the HTTP client the test talks to it with.
+/// `DIR`), and the HTTP client the test and its load talk to it with.
 pub(crate) struct DiskFaultRig {
     /// Dropped (SIGKILLed) before the directory it writes into.
     pub(crate) service: Service,
@@ -23,14 +23,29 @@ pub(crate) struct DiskFaultRig {
 }
 
 impl DiskFaultRig {
-    pub(crate) fn start(bin: &'static str, args: &[&str]) -> Self {
+    /// `None` (and SKIPPED, or a failure under `CI=true`) without libfiu's tools.
+    pub(crate) fn start(bin: &'static str, args: &[&str]) -> Option<Self> {
+        if !have("fiu-run", "fiu-utils") {
+            return None;
+        }
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         let mut args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
         args.extend(["--data-dir".to_owned(), data.to_str().unwrap().to_owned()]);
         let service = Service::start(bin, &Self::strs(&args), Some(dir.path()), &[], None);
         let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
-        Self { service, http, bin, args, _dir: dir }
+        Some(Self { service, http, bin, args, _dir: dir })
+    }
+
+    /// A load on this service, no client yet.
+    pub(crate) fn load(&self) -> Load {
+        Load {
+            http: self.http.clone(),
+            url: self.service.url.clone(),
+            stop: Arc::default(),
+            refused: Arc::default(),
+            clients: Vec::new(),
+        }
     }
 
     /// `kill -9`, then the same command again on the same data, not under
@@ -49,15 +64,19 @@ impl DiskFaultRig {
 
 /// Clients, each a task that repeats its requests until the load stops, and the
 /// count of the requests the service refused.
-#[derive(Default)]
 pub(crate) struct Load {
+    http: reqwest::Client,
+    url: String,
     stop: Arc<AtomicBool>,
     refused: Arc<AtomicU64>,
     clients: Vec<JoinHandle<()>>,
 }
 
-/// What a client of a [`Load`] asks it: whether to go on, and to count a refusal.
+/// What a client of a [`Load`] is given: the HTTP client and the service's
+/// `http://ADDR`, and what it asks the load: whether to go on, and to count a refusal.
 pub(crate) struct LoadClient {
+    pub(crate) http: reqwest::Client,
+    pub(crate) url: String,
     stop: Arc<AtomicBool>,
     refused: Arc<AtomicU64>,
 }
@@ -82,7 +101,12 @@ impl Load {
         F: FnOnce(LoadClient) -> Fut,
         Fut: Future<Output = ()> + Send + 'static,
     {
-        let handle = LoadClient { stop: Arc::clone(&self.stop), refused: Arc::clone(&self.refused) };
+        let handle = LoadClient {
+            http: self.http.clone(),
+            url: self.url.clone(),
+            stop: Arc::clone(&self.stop),
+            refused: Arc::clone(&self.refused),
+        };
         self.clients.push(tokio::spawn(client(handle)));
     }
 

@@ -15,8 +15,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use crate::fault_tools::rig::{DiskFaultRig, Load};
-use crate::fault_tools::{DISK_FAULTS, have, rounds};
+use crate::fault_tools::rig::DiskFaultRig;
+use crate::fault_tools::{DISK_FAULTS, rounds};
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_demo-lock-service");
@@ -43,23 +43,19 @@ struct Ledger {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_stay_durable_and_unique_through_disk_faults_and_recover_without_restart() {
-    if !have("fiu-run", "fiu-utils") {
-        return;
-    }
-    let rig = DiskFaultRig::start(BIN, &["--listen", "127.0.0.1:0"]);
-    let (http, url) = (&rig.http, &rig.service.url);
+    let Some(rig) = DiskFaultRig::start(BIN, &["--listen", "127.0.0.1:0"]) else { return };
     let ledger = Arc::new(Mutex::new(Ledger::default()));
 
-    let mut load = Load::default();
+    let mut load = rig.load();
     for client in 0..CLIENTS {
-        let (http, url, ledger) = (http.clone(), url.clone(), Arc::clone(&ledger));
+        let ledger = Arc::clone(&ledger);
         load.spawn(|me| async move {
             let holder = format!("client-{client}");
             let mut n = 0usize;
             while me.running() {
                 let name = format!("lock-{client}-{}", n % 2);
                 n += 1;
-                match grant(&http, &url, &name, &holder).await {
+                match grant(&me.http, &me.url, &name, &holder).await {
                     Some(token) => {
                         let mut ledger = ledger.lock().unwrap();
                         ledger.acked.push((name, token));
@@ -71,6 +67,7 @@ async fn grants_stay_durable_and_unique_through_disk_faults_and_recover_without_
         });
     }
 
+    let (http, url) = (&rig.http, &rig.service.url);
     let faults = rig
         .service
         .switch_disk_faults(http, rounds(2 * DISK_FAULTS.len()), load.refused(), || async {

@@ -18,8 +18,8 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::fault_tools::rig::{DiskFaultRig, Load};
-use crate::fault_tools::{DISK_FAULTS, have, rounds};
+use crate::fault_tools::rig::DiskFaultRig;
+use crate::fault_tools::{DISK_FAULTS, rounds};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_demo-resource");
@@ -45,16 +45,12 @@ struct Ledger {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_and_marks_survive_disk_faults_and_recover_without_restart() {
-    if !have("fiu-run", "fiu-utils") {
-        return;
-    }
-    let rig = DiskFaultRig::start(BIN, &["serve", "--listen", "127.0.0.1:0"]);
-    let (http, url) = (&rig.http, &rig.service.url);
+    let Some(rig) = DiskFaultRig::start(BIN, &["serve", "--listen", "127.0.0.1:0"]) else { return };
     let ledger = Arc::new(Mutex::new(Ledger::default()));
 
-    let mut load = Load::default();
+    let mut load = rig.load();
     for client in 0..CLIENTS {
-        let (http, url, ledger) = (http.clone(), url.clone(), Arc::clone(&ledger));
+        let ledger = Arc::clone(&ledger);
         load.spawn(|me| async move {
             let mut token = 0u64;
             while me.running() {
@@ -65,14 +61,14 @@ async fn acknowledged_writes_and_marks_survive_disk_faults_and_recover_without_r
                 if token.is_multiple_of(4)
                     && let Some(highest) = highest.filter(|h| *h > 1)
                 {
-                    let answer = append(&http, &url, &name, highest - 1, "stale").await;
+                    let answer = append(&me.http, &me.url, &name, highest - 1, "stale").await;
                     let mut ledger = ledger.lock().unwrap();
                     ledger.stale_sent += 1;
                     ledger.stale_admitted += u64::from((200..300).contains(&answer));
                     continue;
                 }
                 let value = format!("c{client}-t{token}");
-                match append(&http, &url, &name, token, &value).await {
+                match append(&me.http, &me.url, &name, token, &value).await {
                     201 => ledger.lock().unwrap().acked.entry(name).or_default().push((token, value)),
                     _ => me.refused().await,
                 }
@@ -81,6 +77,7 @@ async fn acknowledged_writes_and_marks_survive_disk_faults_and_recover_without_r
     }
 
     let probe_token = AtomicU64::new(0);
+    let (http, url) = (&rig.http, &rig.service.url);
     let faults = rig
         .service
         .switch_disk_faults(http, rounds(2 * DISK_FAULTS.len()), load.refused(), || async {

@@ -25,10 +25,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use fencing_layer::{MarkStore, store::StoreError};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::{Deserialize, Serialize};
 
-use crate::http::{Problem, require_json};
+use crate::http::{Problem, read_limited, require_json};
 use crate::marks::ResetError;
 use crate::store::Data;
 
@@ -129,15 +128,7 @@ async fn reset(State(admin): State<Admin>, request: Request) -> Result<Response,
         request.headers(),
         r#"send the reset as Content-Type: application/json, {"key": "/logs/billing", "to": 41}"#,
     )?;
-    let bytes = match Limited::new(request.into_body(), MAX_ADMIN_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => {
-            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
-                .detail(format!("a reset body must be at most {MAX_ADMIN_BODY_BYTES} bytes"))
-                .with("max_bytes", MAX_ADMIN_BODY_BYTES));
-        }
-        Err(error) => return Err(Problem::bad_request("bad-body", format!("cannot read the body: {error}"))),
-    };
+    let bytes = read_limited(request.into_body(), MAX_ADMIN_BODY_BYTES, "a reset body").await?;
     let ResetRequest { key, to } = serde_json::from_slice(&bytes).map_err(|error| {
         Problem::bad_request(
             "bad-json",

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -225,17 +225,23 @@ pub(crate) fn parse_delay(query: Option<&str>) -> Result<Duration, Problem> {
     Ok(delay.unwrap_or_default())
 }
 
+/// The whole body, at most `max` bytes: past it a 413 problem saying what
+/// (`the body`, `a reset body`) must be at most `max` bytes, with `max_bytes`.
+pub(crate) async fn read_limited(body: Body, max: usize, what: &str) -> Result<Bytes, Problem> {
+    match Limited::new(body, max).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => {
+            Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
+                .detail(format!("{what} must be at most {max} bytes"))
+                .with("max_bytes", max))
+        }
+        Err(error) => Err(Problem::bad_request("bad-body", format!("cannot read the body: {error}"))),
+    }
+}
+
 /// Reads the whole body as UTF-8 text of at most [`MAX_BODY_BYTES`].
 async fn read_text(body: Body) -> Result<String, Problem> {
-    let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => {
-            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
-                .detail(format!("the body must be at most {MAX_BODY_BYTES} bytes"))
-                .with("max_bytes", MAX_BODY_BYTES));
-        }
-        Err(error) => return Err(Problem::bad_request("bad-body", format!("cannot read the body: {error}"))),
-    };
+    let bytes = read_limited(body, MAX_BODY_BYTES, "the body").await?;
     String::from_utf8(bytes.into()).map_err(|e| {
         Problem::bad_request("invalid-utf8", format!("the body must be UTF-8 text: {}", e.utf8_error()))
     })

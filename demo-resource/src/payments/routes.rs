@@ -7,12 +7,11 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Serialize;
 
 use super::ledger::{Charge, ChargeParams, Claim, Ledger, Saved};
 use super::{MAX_AMOUNT, MAX_CHARGE_BODY_BYTES, MAX_KEY_CHARS, REPLAYED_HEADER};
-use crate::http::{Problem, parse_delay, require_json};
+use crate::http::{Problem, parse_delay, read_limited, require_json};
 
 type Answer = Result<Response, Problem>;
 
@@ -115,14 +114,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
 /// The JSON body, checked field by field.
 async fn charge_params(headers: &HeaderMap, body: Body) -> Result<ChargeParams, Problem> {
     require_json(headers, "the body must be application/json")?;
-    let bytes = match Limited::new(body, MAX_CHARGE_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => {
-            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
-                .detail(format!("the body must be at most {MAX_CHARGE_BODY_BYTES} bytes")));
-        }
-        Err(error) => return Err(Problem::bad_request("bad-body", format!("cannot read the body: {error}"))),
-    };
+    let bytes = read_limited(body, MAX_CHARGE_BODY_BYTES, "the body").await?;
     let params: ChargeParams = serde_json::from_slice(&bytes)
         .map_err(|e| Problem::bad_request("bad-params", format!("not a charge: {e}")))?;
     let bad = |detail: String| Err(Problem::bad_request("bad-params", detail));

@@ -26,9 +26,15 @@ pub(crate) fn routes() -> Router<App> {
 
 /// Adds the routes nobody fences, and problem+json for unknown routes and methods.
 pub(crate) fn finish(routes: Router<App>, app: App) -> Router {
+    let routes = routes.route("/healthz", get(|| async { "ok" })).route("/readyz", get(crate::ready::readyz));
+    problem_fallbacks(routes).with_state(app)
+}
+
+/// `routes`, answering an unknown route (404) or a method a route does not take
+/// (405) with problem+json, as every other error (the resource's and the payment
+/// provider's routes alike).
+pub(crate) fn problem_fallbacks<S: Clone + Send + Sync + 'static>(routes: Router<S>) -> Router<S> {
     routes
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(crate::ready::readyz))
         .method_not_allowed_fallback(|| async {
             Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed")
                 .detail("this route does not accept that method")
@@ -36,7 +42,6 @@ pub(crate) fn finish(routes: Router<App>, app: App) -> Router {
         .fallback(|| async {
             Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found").detail("no such route")
         })
-        .with_state(app)
 }
 
 /// An RFC 9457 problem details response.

@@ -11,23 +11,16 @@ use serde::Serialize;
 
 use super::ledger::{Charge, ChargeParams, Claim, Ledger, Saved};
 use super::{MAX_AMOUNT, MAX_CHARGE_BODY_BYTES, MAX_KEY_CHARS, REPLAYED_HEADER};
-use crate::http::{Problem, parse_delay, read_limited, require_json};
+use crate::http::{Problem, parse_delay, problem_fallbacks, read_limited, require_json};
 
 type Answer = Result<Response, Problem>;
 
 pub(crate) fn router(ledger: Ledger) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/charges", get(list).post(create))
         .route("/v1/charges/{id}", get(one))
-        .route("/healthz", get(|| async { "ok" }))
-        .method_not_allowed_fallback(|| async {
-            Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed")
-                .detail("this route does not accept that method")
-        })
-        .fallback(|| async {
-            Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found").detail("no such route")
-        })
-        .with_state(ledger)
+        .route("/healthz", get(|| async { "ok" }));
+    problem_fallbacks(routes).with_state(ledger)
 }
 
 /// `POST /v1/charges`.

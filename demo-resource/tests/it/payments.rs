@@ -136,17 +136,10 @@ async fn a_duplicate_while_the_first_is_in_progress_is_409_and_a_dropped_first_f
     })
     .await
     .expect("the first request holds the key");
-    let conflict = http
-        .post(format!("{url}/v1/charges"))
-        .header("Idempotency-Key", "slow")
-        .json(&charge("cus_1", 1999))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(conflict.status(), StatusCode::CONFLICT);
-    assert_eq!(conflict.headers()["retry-after"], "1");
-    let headers = conflict.headers().clone();
-    assert_problem(&headers, &conflict.json().await.unwrap(), StatusCode::CONFLICT);
+    let (status, headers, conflict) = post(&http, &url, Some("slow"), &charge("cus_1", 1999)).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(headers["retry-after"], "1");
+    assert_problem(&headers, &conflict, StatusCode::CONFLICT);
     // The first client goes away before the provider charged: nothing charged, the key is free.
     first.abort();
     tokio::time::timeout(BOUND, async {

@@ -37,22 +37,12 @@ static LIVE_BLOCKS: AtomicUsize = AtomicUsize::new(0);
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded unchanged; the caller upholds `alloc`'s contract.
-        let ptr = unsafe { System.alloc(layout) };
-        if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-            LIVE_BLOCKS.fetch_add(1, Ordering::Relaxed);
-        }
-        ptr
+        counted(unsafe { System.alloc(layout) }, layout)
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: forwarded unchanged.
-        let ptr = unsafe { System.alloc_zeroed(layout) };
-        if !ptr.is_null() {
-            LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
-            LIVE_BLOCKS.fetch_add(1, Ordering::Relaxed);
-        }
-        ptr
+        counted(unsafe { System.alloc_zeroed(layout) }, layout)
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -71,6 +61,15 @@ unsafe impl GlobalAlloc for Counting {
         }
         new
     }
+}
+
+/// Counts a new block of `layout` (unless the allocation failed); returns it.
+fn counted(ptr: *mut u8, layout: Layout) -> *mut u8 {
+    if !ptr.is_null() {
+        LIVE_BYTES.fetch_add(layout.size(), Ordering::Relaxed);
+        LIVE_BLOCKS.fetch_add(1, Ordering::Relaxed);
+    }
+    ptr
 }
 
 #[global_allocator]

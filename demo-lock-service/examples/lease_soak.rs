@@ -20,6 +20,9 @@ use demo_lock_service::{Config, LockService};
 use reqwest::StatusCode;
 use serde_json::json;
 
+mod rss;
+use rss::rss_kib;
+
 struct Args {
     max_leases: usize,
     attempts: usize,
@@ -46,16 +49,6 @@ fn args() -> Args {
         }
     }
     a
-}
-
-/// Resident set size of this process, in KiB (Linux).
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 #[tokio::main]

@@ -35,6 +35,11 @@ use rand::{Rng, SeedableRng};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+// Measured as the lock service's soak measures it (packaged with that crate).
+#[path = "../../demo-lock-service/examples/rss/mod.rs"]
+mod rss;
+use rss::rss_kib;
+
 type Data = Arc<Mutex<HashMap<String, u64>>>;
 
 async fn append(
@@ -54,15 +59,6 @@ async fn append(
 
 fn env(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
-}
-
-fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// Reads one response; `None` when the connection closed or broke.

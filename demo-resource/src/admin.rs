@@ -21,14 +21,13 @@ use std::sync::Arc;
 use axum::Router;
 use axum::extract::connect_info::ConnectInfo;
 use axum::extract::{RawQuery, Request, State};
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use fencing_layer::{MarkStore, store::StoreError};
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::{Deserialize, Serialize};
 
-use crate::http::Problem;
+use crate::http::{Problem, read_limited, require_json};
 use crate::marks::ResetError;
 use crate::store::Data;
 
@@ -125,29 +124,11 @@ async fn read_marks(State(admin): State<Admin>, RawQuery(query): RawQuery) -> Re
 
 async fn reset(State(admin): State<Admin>, request: Request) -> Result<Response, Problem> {
     let peer = request.extensions().get::<ConnectInfo<SocketAddr>>().map(|info| info.0);
-    let is_json = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-    if !is_json {
-        return Err(Problem::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
-            "Unsupported media type",
-        )
-        .detail(r#"send the reset as Content-Type: application/json, {"key": "/logs/billing", "to": 41}"#));
-    }
-    let bytes = match Limited::new(request.into_body(), MAX_ADMIN_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => {
-            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
-                .detail(format!("a reset body must be at most {MAX_ADMIN_BODY_BYTES} bytes"))
-                .with("max_bytes", MAX_ADMIN_BODY_BYTES));
-        }
-        Err(error) => return Err(Problem::bad_request("bad-body", format!("cannot read the body: {error}"))),
-    };
+    require_json(
+        request.headers(),
+        r#"send the reset as Content-Type: application/json, {"key": "/logs/billing", "to": 41}"#,
+    )?;
+    let bytes = read_limited(request.into_body(), MAX_ADMIN_BODY_BYTES, "a reset body").await?;
     let ResetRequest { key, to } = serde_json::from_slice(&bytes).map_err(|error| {
         Problem::bad_request(
             "bad-json",
@@ -189,6 +170,8 @@ fn reset_error(key: &str, error: &ResetError) -> Problem {
 
 #[cfg(test)]
 mod tests {
+    use axum::http::header;
+
     use super::*;
 
     #[test]

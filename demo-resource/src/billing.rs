@@ -29,7 +29,7 @@
 //! every difference, and `demo-resource scenario billing` exits non-zero on any.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), demo_resource::billing::BillingError> {
+//! # async fn demo() -> Result<(), demo_resource::Failure> {
 //! let report = demo_resource::billing::run(&demo_resource::billing::Options::default()).await?;
 //! print!("{report}");
 //! assert!(report.problems().is_empty());
@@ -56,6 +56,7 @@ use job::{Job, Pause};
 use record::{Record, TempDb};
 pub use report::{Attempt, Instance, Prediction, Report, Round, Stopped, predict};
 
+use crate::failure::{Failure, STEP_BOUND, bounded, fail};
 use crate::payments::Provider;
 use crate::scenario::Holder;
 
@@ -63,8 +64,6 @@ use crate::scenario::Holder;
 const LOCK: &str = "billing";
 /// B's lease, kept alive in the background while B runs the job.
 const B_TTL: Duration = Duration::from_secs(3);
-/// Bound on every wait, so a broken run fails instead of hanging.
-const STEP_BOUND: Duration = Duration::from_secs(10);
 const LOOPBACK: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
 
 /// How a round guards the job.
@@ -138,22 +137,6 @@ pub fn default_rounds(customers: usize) -> Vec<(Protection, PausePoint)> {
     ]
 }
 
-/// Why the scenario could not be run to the end (its outcomes are in [`Report`]).
-#[derive(Debug)]
-pub struct BillingError(String);
-
-impl fmt::Display for BillingError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for BillingError {}
-
-fn fail(context: &str, error: impl fmt::Display) -> BillingError {
-    BillingError(format!("{context}: {error}"))
-}
-
 /// Runs [`default_rounds`] and reports their outcomes.
 ///
 /// # Errors
@@ -161,7 +144,7 @@ fn fail(context: &str, error: impl fmt::Display) -> BillingError {
 /// Redis or PostgreSQL cannot be reached (and no private `redis-server` could be
 /// started), or a step failed or took longer than 10 s. An unexpected outcome is
 /// not an error: see [`Report::problems`].
-pub async fn run(options: &Options) -> Result<Report, BillingError> {
+pub async fn run(options: &Options) -> Result<Report, Failure> {
     let mut scenario = Scenario::connect(options).await?;
     let mut rounds = Vec::new();
     let mut failed = None;
@@ -204,9 +187,9 @@ impl Scenario {
     /// # Errors
     ///
     /// As [`run`]; also fewer than 2 customers.
-    pub async fn connect(options: &Options) -> Result<Self, BillingError> {
+    pub async fn connect(options: &Options) -> Result<Self, Failure> {
         if options.customers < 2 {
-            return Err(BillingError("the job needs at least 2 customers".into()));
+            return Err(Failure("the job needs at least 2 customers".into()));
         }
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().subsec_nanos();
         let unique = format!("{}_{nanos}", std::process::id());
@@ -225,13 +208,13 @@ impl Scenario {
     /// # Errors
     ///
     /// A step failed or took longer than 10 s; `pause` is past the last customer.
-    pub async fn round(&mut self, protection: Protection, pause: PausePoint) -> Result<Round, BillingError> {
+    pub async fn round(&mut self, protection: Protection, pause: PausePoint) -> Result<Round, Failure> {
         if pause.customer >= self.options.customers {
-            return Err(BillingError(format!("no customer {} to pause at", pause.customer)));
+            return Err(Failure(format!("no customer {} to pause at", pause.customer)));
         }
         let index = self.next;
         self.next += 1;
-        let db = self.db.as_ref().ok_or_else(|| BillingError("finished".into()))?;
+        let db = self.db.as_ref().ok_or_else(|| Failure("finished".into()))?;
         let provider = Provider::default().spawn(LOOPBACK).await.map_err(|e| fail("provider", e))?;
         let customers: Arc<[String]> = (1..=self.options.customers).map(|n| format!("cus_{n}")).collect();
         let job = Job {
@@ -258,7 +241,7 @@ impl Scenario {
         if bounded("A reaches its pause", control.reached).await?.is_err() {
             // A ended without pausing: its own error says why.
             let ended = bounded("A ends", &mut a_job.0).await?.map_err(|e| fail("A's job", e))?;
-            return Err(BillingError(format!("A never reached its pause point: {:?}", ended.err())));
+            return Err(Failure(format!("A never reached its pause point: {:?}", ended.err())));
         }
 
         // A's lease runs out while A is paused; B takes the lock and runs the whole job.
@@ -283,7 +266,7 @@ impl Scenario {
         let _ = control.resume.send(());
         let a = bounded("A's job", &mut a_job.0).await?.map_err(|e| fail("A's job", e))??;
         history.note(Event::RoundEnded(index));
-        let charges = provider.provider().charges();
+        let charges = provider.served().charges();
         provider.shutdown().await.map_err(|e| fail("provider shutdown", e))?;
         Ok(Round { protection, pause, run: job.run, customers: customers.to_vec(), a, b, charges })
     }
@@ -294,7 +277,7 @@ impl Scenario {
     /// # Errors
     ///
     /// The database could not be dropped.
-    pub async fn finish(mut self, rounds: Vec<Round>) -> Result<Report, BillingError> {
+    pub async fn finish(mut self, rounds: Vec<Round>) -> Result<Report, Failure> {
         let client = &self.locks.client;
         let mut connection = client.connection().clone();
         let keys = [client.lock_key(LOCK), client.counter_key(LOCK)];
@@ -331,10 +314,4 @@ impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
-}
-
-async fn bounded<T>(step: &str, work: impl Future<Output = T>) -> Result<T, BillingError> {
-    tokio::time::timeout(STEP_BOUND, work)
-        .await
-        .map_err(|_| BillingError(format!("{step}: not done within {STEP_BOUND:?}")))
 }

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::PathRejection;
 use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -26,9 +26,15 @@ pub(crate) fn routes() -> Router<App> {
 
 /// Adds the routes nobody fences, and problem+json for unknown routes and methods.
 pub(crate) fn finish(routes: Router<App>, app: App) -> Router {
+    let routes = routes.route("/healthz", get(|| async { "ok" })).route("/readyz", get(crate::ready::readyz));
+    problem_fallbacks(routes).with_state(app)
+}
+
+/// `routes`, answering an unknown route (404) or a method a route does not take
+/// (405) with problem+json, as every other error (the resource's and the payment
+/// provider's routes alike).
+pub(crate) fn problem_fallbacks<S: Clone + Send + Sync + 'static>(routes: Router<S>) -> Router<S> {
     routes
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(crate::ready::readyz))
         .method_not_allowed_fallback(|| async {
             Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed")
                 .detail("this route does not accept that method")
@@ -36,7 +42,6 @@ pub(crate) fn finish(routes: Router<App>, app: App) -> Router {
         .fallback(|| async {
             Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found").detail("no such route")
         })
-        .with_state(app)
 }
 
 /// An RFC 9457 problem details response.
@@ -182,6 +187,22 @@ fn name(path: Result<Path<String>, PathRejection>) -> Result<String, Problem> {
     Ok(name)
 }
 
+/// A 415 problem saying `detail`, unless the body is declared JSON
+/// (`Content-Type: application/json`, parameters such as a charset allowed): the
+/// admin reset and the payment provider's charges take nothing else.
+pub(crate) fn require_json(headers: &axum::http::HeaderMap, detail: &'static str) -> Result<(), Problem> {
+    let json = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
+    if json {
+        return Ok(());
+    }
+    Err(Problem::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type", "Unsupported media type")
+        .detail(detail))
+}
+
 /// Parses the query of a write route: only `delay_ms`, at most once, a decimal
 /// number of milliseconds up to [`MAX_DELAY_MS`].
 pub(crate) fn parse_delay(query: Option<&str>) -> Result<Duration, Problem> {
@@ -209,17 +230,23 @@ pub(crate) fn parse_delay(query: Option<&str>) -> Result<Duration, Problem> {
     Ok(delay.unwrap_or_default())
 }
 
+/// The whole body, at most `max` bytes: past it a 413 problem saying what
+/// (`the body`, `a reset body`) must be at most `max` bytes, with `max_bytes`.
+pub(crate) async fn read_limited(body: Body, max: usize, what: &str) -> Result<Bytes, Problem> {
+    match Limited::new(body, max).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => {
+            Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
+                .detail(format!("{what} must be at most {max} bytes"))
+                .with("max_bytes", max))
+        }
+        Err(error) => Err(Problem::bad_request("bad-body", format!("cannot read the body: {error}"))),
+    }
+}
+
 /// Reads the whole body as UTF-8 text of at most [`MAX_BODY_BYTES`].
 async fn read_text(body: Body) -> Result<String, Problem> {
-    let bytes = match Limited::new(body, MAX_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => {
-            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
-                .detail(format!("the body must be at most {MAX_BODY_BYTES} bytes"))
-                .with("max_bytes", MAX_BODY_BYTES));
-        }
-        Err(error) => return Err(Problem::bad_request("bad-body", format!("cannot read the body: {error}"))),
-    };
+    let bytes = read_limited(body, MAX_BODY_BYTES, "the body").await?;
     String::from_utf8(bytes.into()).map_err(|e| {
         Problem::bad_request("invalid-utf8", format!("the body must be UTF-8 text: {}", e.utf8_error()))
     })

@@ -96,13 +96,13 @@
 mod admin;
 mod backend;
 pub mod billing;
+mod failure;
 mod http;
 mod marks;
 mod metrics;
 pub mod payments;
 mod postgres;
 mod ready;
-mod running;
 pub mod scenario;
 mod store;
 pub mod timeline;
@@ -125,14 +125,15 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::backend::Backend;
-pub use crate::marks::{OpenMarksError, ResetError, StoppedMarks};
+pub use crate::failure::Failure;
+pub use crate::marks::{ResetError, StoppedMarks};
 use crate::postgres::PgData;
-pub use crate::running::Running;
 use crate::store::Data;
 pub use crate::store::Entry;
 /// Installs the process's Prometheus recorder (the same as the lock service's); pass its handle to
 /// [`Resource::with_metrics`].
 pub use demo_lock_service::install_prometheus;
+pub use demo_lock_service::{Running, Served};
 
 /// Largest accepted body of a write, in bytes (64 KiB); a larger one gets 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -594,9 +595,5 @@ impl Resource {
 /// without waiting; [`shutdown`](Running::shutdown) waits.
 pub type RunningResource = Running<Resource>;
 
-impl Running<Resource> {
-    /// The resource being served.
-    pub fn resource(&self) -> &Resource {
-        self.served()
-    }
-}
+/// Nothing more to do once its server has stopped.
+impl Served for Resource {}

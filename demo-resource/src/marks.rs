@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use fencing_layer::{MarkStore, store::StoreError};
 
+use crate::failure::Failure;
 use crate::store::Data;
 
 /// Why a reset did not (fully) happen.
@@ -74,18 +75,6 @@ pub struct StoppedMarks {
     data: Arc<Data>,
 }
 
-/// Why [`StoppedMarks::open`] failed; the message names the file.
-#[derive(Debug)]
-pub struct OpenMarksError(String);
-
-impl fmt::Display for OpenMarksError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for OpenMarksError {}
-
 impl StoppedMarks {
     /// Opens the marks of the data directory `dir`. Creates nothing.
     ///
@@ -93,12 +82,12 @@ impl StoppedMarks {
     ///
     /// `DIR/marks.redb` or `DIR/data.redb` is missing (not a data directory of
     /// a fenced `serve`), or a running `serve` holds it, or it cannot be read.
-    pub fn open(dir: impl AsRef<Path>) -> Result<Self, OpenMarksError> {
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, Failure> {
         let dir = dir.as_ref();
         let [marks_path, data_path]: [PathBuf; 2] = [dir.join("marks.redb"), dir.join("data.redb")];
         for path in [&marks_path, &data_path] {
             if !path.is_file() {
-                return Err(OpenMarksError(format!(
+                return Err(Failure(format!(
                     "no {} at {}: is this the --data-dir of a fenced `demo-resource serve`?",
                     path.file_name().and_then(|n| n.to_str()).unwrap_or_default(),
                     path.display()
@@ -106,7 +95,7 @@ impl StoppedMarks {
             }
         }
         let held = |path: &Path, error: &dyn fmt::Display| {
-            OpenMarksError(format!(
+            Failure(format!(
                 "cannot open {}: {error} (a running `demo-resource serve` holds it: stop it first, or use its \
                  --admin-listen routes)",
                 path.display()

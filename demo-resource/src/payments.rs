@@ -44,7 +44,7 @@ mod routes;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::Running;
+use crate::{Running, Served};
 
 pub use ledger::{Charge, ChargeParams};
 
@@ -120,9 +120,5 @@ impl Provider {
 /// A provider started by [`Provider::spawn`]; dropping it stops the server.
 pub type RunningProvider = Running<Provider>;
 
-impl Running<Provider> {
-    /// The provider being served.
-    pub fn provider(&self) -> &Provider {
-        self.served()
-    }
-}
+/// Nothing more to do once its server has stopped.
+impl Served for Provider {}

@@ -15,7 +15,7 @@
 //! (`demo-resource scenario --timeline FILE.svg`).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), demo_resource::scenario::ScenarioError> {
+//! # async fn demo() -> Result<(), demo_resource::Failure> {
 //! let report = demo_resource::scenario::run().await?;
 //! print!("{report}");
 //! assert!(report.problems().is_empty());
@@ -36,6 +36,7 @@ use fencing_client::{
 };
 use serde_json::Value;
 
+use crate::failure::{Failure, STEP_BOUND, bounded, fail};
 use crate::{Config, Entry, MAX_DELAY_MS, Resource, RunningResource};
 use record::Recorder;
 pub use record::{Happening, Holder, Recorded, Round};
@@ -51,8 +52,6 @@ pub const A_IN_FLIGHT_WRITE: &str = "A: write admitted before B's grant";
 const A_TTL: Duration = Duration::from_millis(200);
 /// B's lease, kept alive in the background until B releases it.
 const B_TTL: Duration = Duration::from_secs(10);
-/// Bound on every wait, so a broken run fails instead of hanging.
-const STEP_BOUND: Duration = Duration::from_secs(10);
 
 /// How one write was answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -171,22 +170,6 @@ impl fmt::Display for Report {
     }
 }
 
-/// Why the scenario could not be run to the end (its outcomes are in [`Report`]).
-#[derive(Debug)]
-pub struct ScenarioError(String);
-
-impl fmt::Display for ScenarioError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ScenarioError {}
-
-fn fail(context: &str, error: impl fmt::Display) -> ScenarioError {
-    ScenarioError(format!("{context}: {error}"))
-}
-
 /// Where the scenario's fencing tokens come from.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum TokenSource {
@@ -293,7 +276,7 @@ const LOOPBACK: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCA
 ///
 /// A server could not start, or a step failed or took longer than 10 s. An
 /// unexpected outcome is not an error: see [`Report::problems`].
-pub async fn run() -> Result<Report, ScenarioError> {
+pub async fn run() -> Result<Report, Failure> {
     run_with(TokenSource::DemoLockService).await
 }
 
@@ -303,7 +286,7 @@ pub async fn run() -> Result<Report, ScenarioError> {
 ///
 /// As [`run`]; with another backend, also when it cannot be reached (or, for
 /// Redis, when it would lose its token counter in a crash).
-pub async fn run_with(source: TokenSource) -> Result<Report, ScenarioError> {
+pub async fn run_with(source: TokenSource) -> Result<Report, Failure> {
     let dir = tempfile::tempdir().map_err(|e| fail("temporary directory", e))?;
     let mut lock_service = None;
     // The demo lock service signs its grants and the fenced resources check the
@@ -377,13 +360,13 @@ async fn stale_after_newer(
     config: Config,
     round: Round,
     name: &str,
-) -> Result<Run, ScenarioError> {
+) -> Result<Run, Failure> {
     let resource = start(config).await?;
     let path = format!("/logs/{name}");
     let url = format!("{}{path}", resource.base_url());
     let record = &clients.record;
     record.note(Happening::RoundStarted(round));
-    let marks = resource.resource().mark_store().cloned();
+    let marks = resource.served().mark_store().cloned();
     let note_mark = || record.note(Happening::Mark(marks.as_ref().and_then(|marks| marks.mark(&path))));
     if marks.is_none() {
         note_mark();
@@ -414,18 +397,14 @@ async fn stale_after_newer(
 
 /// The in-flight variant: A's write is admitted and still inside the handler
 /// (waiting out `delay_ms`) when A's lease expires and B writes.
-async fn stale_in_flight(
-    clients: &Clients,
-    config: Config,
-    name: &str,
-) -> Result<(Run, bool), ScenarioError> {
+async fn stale_in_flight(clients: &Clients, config: Config, name: &str) -> Result<(Run, bool), Failure> {
     let running = start(config).await?;
-    let resource = running.resource().clone();
+    let resource = running.served().clone();
     let path = format!("/logs/{name}");
     let url = format!("{}{path}", running.base_url());
     let record = &clients.record;
     record.note(Happening::RoundStarted(Round::InFlight));
-    let marks = resource.mark_store().cloned().ok_or_else(|| ScenarioError("no mark store".into()))?;
+    let marks = resource.mark_store().cloned().ok_or_else(|| Failure("no mark store".into()))?;
 
     let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
     record.note(Happening::Granted { holder: Holder::A, token: a.token });
@@ -483,7 +462,7 @@ async fn stale_in_flight(
     Ok((run, b_arrived_while_a_inside))
 }
 
-async fn start(config: Config) -> Result<RunningResource, ScenarioError> {
+async fn start(config: Config) -> Result<RunningResource, Failure> {
     // Opening creates and commits the database files: blocking work.
     let opened = tokio::task::spawn_blocking(move || Resource::open(config)).await;
     let resource = opened.map_err(|e| fail("resource", e))?.map_err(|e| fail("resource", e))?;
@@ -492,7 +471,7 @@ async fn start(config: Config) -> Result<RunningResource, ScenarioError> {
 
 /// Waits until the lock service no longer reports a live lease on `name`: it
 /// sleeps the time left that the service reports, then asks again.
-async fn wait_until_expired(clients: &Clients, name: &str) -> Result<(), ScenarioError> {
+async fn wait_until_expired(clients: &Clients, name: &str) -> Result<(), Failure> {
     bounded("A's lease expires", async {
         loop {
             match clients.locks.lock_status(name).await.map_err(|e| fail("lock status", e))? {
@@ -504,15 +483,7 @@ async fn wait_until_expired(clients: &Clients, name: &str) -> Result<(), Scenari
     .await?
 }
 
-async fn bounded<T>(step: &str, work: impl Future<Output = T>) -> Result<T, ScenarioError> {
-    tokio::time::timeout(STEP_BOUND, work)
-        .await
-        .map_err(|_| ScenarioError(format!("{step}: not done within {STEP_BOUND:?}")))
-}
-
-async fn joined(
-    task: tokio::task::JoinHandle<Result<Answer, ScenarioError>>,
-) -> Result<Answer, ScenarioError> {
+async fn joined(task: tokio::task::JoinHandle<Result<Answer, Failure>>) -> Result<Answer, Failure> {
     task.await.map_err(|e| fail("write task", e))?
 }
 
@@ -522,7 +493,7 @@ async fn write(
     url: &str,
     grant: &Grant,
     text: &'static str,
-) -> Result<Answer, ScenarioError> {
+) -> Result<Answer, Failure> {
     let record = clients.record.clone();
     write_owned(clients.http.clone(), record, holder, url.to_owned(), grant.clone(), text).await
 }
@@ -536,7 +507,7 @@ async fn write_owned(
     url: String,
     grant: Grant,
     text: &'static str,
-) -> Result<Answer, ScenarioError> {
+) -> Result<Answer, Failure> {
     let token = grant.token;
     let mut request = fence_reqwest(http.post(url).body(text), token);
     if let Some(proof) = &grant.proof {
@@ -556,13 +527,13 @@ async fn write_owned(
     Ok(Answer { status: status.as_u16(), reason })
 }
 
-async fn read_log(clients: &Clients, url: &str) -> Result<Vec<Entry>, ScenarioError> {
+async fn read_log(clients: &Clients, url: &str) -> Result<Vec<Entry>, Failure> {
     let response = clients.http.get(url).send().await.map_err(|e| fail("read log", e))?;
     if response.status() == reqwest::StatusCode::NOT_FOUND {
         return Ok(Vec::new());
     }
     let body = response.text().await.map_err(|e| fail("read log", e))?;
     let entries = serde_json::from_str::<Value>(&body).ok().and_then(|v| v.get("entries").cloned());
-    let entries = entries.ok_or_else(|| ScenarioError(format!("read log: unexpected body {body}")))?;
+    let entries = entries.ok_or_else(|| Failure(format!("read log: unexpected body {body}")))?;
     serde_json::from_value(entries).map_err(|e| fail("read log", e))
 }

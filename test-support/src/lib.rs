@@ -2,8 +2,9 @@
 //! throwaway servers (Redis, etcd, ZooKeeper) on ephemeral loopback ports, a
 //! throwaway database on the shared PostgreSQL and a PostgreSQL server of the
 //! test's own (`TestDb`, `OwnPg`: feature `postgres`), TCP proxies that can stop
-//! answering ([`Proxy`]) or stall and sever ([`StallProxy`]), and the workspace's
-//! own server binaries as child processes ([`ChildServer`]).
+//! answering ([`Proxy`]) or stall and sever ([`StallProxy`]), the workspace's
+//! own server binaries as child processes ([`ChildServer`]), and Prometheus's
+//! tools ([`prometheus_tool`], [`promtool`]).
 //!
 //! A dev-dependency only (`publish = false`). Every server lives in a temporary
 //! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle
@@ -22,6 +23,7 @@ mod etcd;
 #[cfg(feature = "postgres")]
 mod own_pg;
 mod process;
+mod prometheus;
 mod proxy;
 mod redis;
 mod stall;
@@ -36,6 +38,7 @@ pub use child_server::{ChildServer, Starting};
 pub use etcd::Etcd;
 #[cfg(feature = "postgres")]
 pub use own_pg::OwnPg;
+pub use prometheus::{prometheus_tool, promtool};
 pub use proxy::Proxy;
 pub use redis::Redis;
 pub use stall::StallProxy;

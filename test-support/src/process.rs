@@ -10,9 +10,14 @@ use tokio::time::{Instant, sleep, timeout};
 
 /// `name` in `$env_var` if set, else the first `name` on `PATH`.
 pub(crate) fn find_binary(env_var: &str, name: &str) -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os(env_var) {
-        return Some(PathBuf::from(p));
+    match std::env::var_os(env_var) {
+        Some(p) => Some(PathBuf::from(p)),
+        None => on_path(name),
     }
+}
+
+/// The first `name` on `PATH`.
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
     std::env::split_paths(&path).map(|d| d.join(name)).find(|p| p.is_file())
 }

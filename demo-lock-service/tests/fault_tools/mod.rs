@@ -1,9 +1,14 @@
 //! What the fault tests share (this crate's and demo-resource's, which includes
 //! this file by path): finding the tools, starting a service under one of them,
-//! switching libfiu failure points, moving a process's clock with libfaketime,
-//! and a small seeded random source.
+//! switching libfiu failure points (and the rig and load of the disk-fault
+//! tests), moving a process's clock with libfaketime, the `kill -9` loops'
+//! knobs, and a small seeded random source.
 
 #![allow(dead_code)] // Each test file uses its own part.
+
+// A module of its own, not re-exported: a test binary that uses none of it
+// (fencing-client's) would find the re-export unused.
+pub(crate) mod rig;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +36,20 @@ pub(crate) fn have(tool: &str, package: &str) -> bool {
 /// How many fault rounds to run: `FENCING_FAULT_ROUNDS`, else `default`.
 pub(crate) fn rounds(default: usize) -> usize {
     std::env::var("FENCING_FAULT_ROUNDS").ok().and_then(|r| r.parse().ok()).unwrap_or(default)
+}
+
+/// A `kill -9` loop's knobs: how many cycles (`cycles_var`, default 50) and the
+/// seed of its moments (`FENCING_KILL_SEED`, default 0x5eed), printed so that a
+/// run can be repeated. A value that is not a number fails the test.
+pub(crate) fn kill_cycles_and_seed(cycles_var: &str) -> (usize, u64) {
+    let cycles = env_u64(cycles_var).unwrap_or(50) as usize;
+    let seed = env_u64("FENCING_KILL_SEED").unwrap_or(0x5eed);
+    eprintln!("FENCING_KILL_SEED={seed} {cycles_var}={cycles}");
+    (cycles, seed)
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
 }
 
 /// A disk fault libfiu injects: a failure point and the errno it sets.

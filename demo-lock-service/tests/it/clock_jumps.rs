@@ -39,6 +39,16 @@ struct Client {
     url: String,
 }
 
+/// The service with `env` (a fake clock's), its data in `DIR/data` and its log
+/// in `log` if given, and a client of it.
+fn start(dir: &Path, env: &[(&str, String)], log: Option<&Path>) -> (Service, Client) {
+    let data = dir.join("data");
+    let args = ["--listen", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
+    let service = Service::start(BIN, &args, None, env, log);
+    let client = Client { http: reqwest::Client::new(), url: service.url.clone() };
+    (service, client)
+}
+
 impl Client {
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Value {
         let body = json!({"name": name, "holder": holder, "ttl_ms": ttl.as_millis() as u64});
@@ -79,13 +89,10 @@ impl Client {
 async fn wall_clock_jumps_neither_shorten_nor_stretch_leases_and_tokens_keep_rising_after_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let Some(clock) = FakeClock::new(dir.path()) else { return };
-    let data = dir.path().join("data");
-    let args = ["--listen", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
     let mut env = clock.env(true);
     env.push(("RUST_LOG", "info".into()));
     let log = dir.path().join("service.log");
-    let service = Service::start(BIN, &args, None, &env, Some(&log));
-    let client = Client { http: reqwest::Client::new(), url: service.url.clone() };
+    let (service, client) = start(dir.path(), &env, Some(&log));
     let mut last_token = 0;
     // (spec, how the service's wall clock must look once it is applied)
     let moves: [(&str, WallCheck); 4] = [
@@ -120,8 +127,7 @@ async fn wall_clock_jumps_neither_shorten_nor_stretch_leases_and_tokens_keep_ris
     // Restart with the wall clock an hour back: the counter does not care.
     service.kill9();
     clock.set("-1h");
-    let service = Service::start(BIN, &args, None, &env, Some(&log));
-    let client = Client { http: reqwest::Client::new(), url: service.url.clone() };
+    let (_service, client) = start(dir.path(), &env, Some(&log));
     let offset = client.wall_offset(&log).await;
     assert!((-3700..=-3500).contains(&offset), "restarted with the wall clock {offset} s off");
     let token = client.acquire("after restart", "h", TTL).await["token"].as_u64().unwrap();
@@ -148,10 +154,7 @@ async fn write(resource: &Resource, token: u64) -> u16 {
 async fn a_monotonic_clock_jump_in_the_lock_service_is_caught_by_the_fencing_token() {
     let dir = tempfile::tempdir().unwrap();
     let Some(clock) = FakeClock::new(dir.path()) else { return };
-    let data = dir.path().join("data");
-    let args = ["--listen", "127.0.0.1:0", "--data-dir", data.to_str().unwrap()];
-    let service = Service::start(BIN, &args, None, &clock.env(false), None);
-    let client = Client { http: reqwest::Client::new(), url: service.url.clone() };
+    let (_service, client) = start(dir.path(), &clock.env(false), None);
     let resource = resource();
 
     // Both clocks an hour forward: the lease ends at once, long before its TTL of real time.

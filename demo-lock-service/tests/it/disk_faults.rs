@@ -13,11 +13,10 @@
 //! `FENCING_FAULT_SEED` repeats a run's timing.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use crate::fault_tools::{DISK_FAULTS, Service, have, rounds};
+use crate::fault_tools::rig::DiskFaultRig;
+use crate::fault_tools::{DISK_FAULTS, rounds};
 use serde_json::{Value, json};
 
 const BIN: &str = env!("CARGO_BIN_EXE_demo-lock-service");
@@ -44,60 +43,43 @@ struct Ledger {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grants_stay_durable_and_unique_through_disk_faults_and_recover_without_restart() {
-    if !have("fiu-run", "fiu-utils") {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let data_arg = data.to_str().unwrap();
-    let args = ["--listen", "127.0.0.1:0", "--data-dir", data_arg];
-    let service = Service::start(BIN, &args, Some(dir.path()), &[], None);
-    let url = service.url.clone();
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let Some(rig) = DiskFaultRig::start(BIN, &["--listen", "127.0.0.1:0"]) else { return };
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let refused = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
 
-    let mut load = Vec::new();
+    let mut load = rig.load();
     for client in 0..CLIENTS {
-        let (http, url, ledger, refused, stop) =
-            (http.clone(), url.clone(), Arc::clone(&ledger), Arc::clone(&refused), Arc::clone(&stop));
-        load.push(tokio::spawn(async move {
+        let ledger = Arc::clone(&ledger);
+        load.spawn(|me| async move {
             let holder = format!("client-{client}");
             let mut n = 0usize;
-            while !stop.load(Ordering::Relaxed) {
+            while me.running() {
                 let name = format!("lock-{client}-{}", n % 2);
                 n += 1;
-                match grant(&http, &url, &name, &holder).await {
+                match grant(&me.http, &me.url, &name, &holder).await {
                     Some(token) => {
                         let mut ledger = ledger.lock().unwrap();
                         ledger.acked.push((name, token));
                         ledger.per_client.entry(client).or_default().push(token);
                     }
-                    None => {
-                        refused.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
+                    None => me.refused().await,
                 }
             }
-        }));
+        });
     }
 
-    let faults = service
-        .switch_disk_faults(&http, rounds(2 * DISK_FAULTS.len()), &refused, || async {
-            grant(&http, &url, "probe", "prober").await.is_some_and(|token| {
+    let (http, url) = (&rig.http, &rig.service.url);
+    let faults = rig
+        .service
+        .switch_disk_faults(http, rounds(2 * DISK_FAULTS.len()), load.refused(), || async {
+            grant(http, url, "probe", "prober").await.is_some_and(|token| {
                 ledger.lock().unwrap().acked.push(("probe".into(), token));
                 true
             })
         })
         .await;
-    stop.store(true, Ordering::Relaxed);
-    for task in load {
-        task.await.unwrap();
-    }
+    let total_refused = load.stop().await;
 
     let ledger = Arc::try_unwrap(ledger).ok().unwrap().into_inner().unwrap();
-    let total_refused = refused.load(Ordering::Relaxed);
     assert!(ledger.acked.len() > faults.rounds, "the load made too few grants: {}", ledger.acked.len());
     assert!(total_refused > 0, "no grant was refused: the faults did not reach the store");
     assert!(faults.not_ready_seen > 0, "/readyz never reported a fault");
@@ -110,21 +92,20 @@ async fn grants_stay_durable_and_unique_through_disk_faults_and_recover_without_
     }
 
     // kill -9, then restart without faults: nothing acknowledged is lost.
-    service.kill9();
-    let service = Service::start(BIN, &args, None, &[], None);
+    let rig = rig.restart();
+    let (http, url) = (&rig.http, &rig.service.url);
     let mut last: BTreeMap<&str, u64> = BTreeMap::new();
     for (name, token) in &ledger.acked {
         last.insert(name, *token);
     }
     for (name, token) in &last {
         let held: Value =
-            http.get(format!("{}/v1/locks/{name}", service.url)).send().await.unwrap().json().await.unwrap();
+            http.get(format!("{url}/v1/locks/{name}")).send().await.unwrap().json().await.unwrap();
         let held = held["token"].as_u64().unwrap_or_else(|| panic!("{name}'s grant {token} lost: {held}"));
         assert!(held >= *token, "{name}: acknowledged grant {token} lost, the lock shows {held}");
     }
     let highest = ledger.acked.iter().map(|(_, t)| *t).max().unwrap();
-    let next =
-        grant(&http, &service.url, "after-restart", "prober").await.expect("a grant after the restart");
+    let next = grant(http, url, "after-restart", "prober").await.expect("a grant after the restart");
     assert!(next > highest, "token {next} after the restart is not above {highest}");
 
     faults.print("lock service", "grants");

@@ -15,6 +15,8 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use test_support::ChildServer;
 
+use crate::fault_tools::kill_cycles_and_seed;
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap()
 }
@@ -50,15 +52,9 @@ struct Granted {
     completed: Instant,
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_strictly_increase_across_kill_9_restarts() {
-    let cycles = env_u64("FENCING_KILL_CYCLES").unwrap_or(50) as usize;
-    let seed = env_u64("FENCING_KILL_SEED").unwrap_or(0x5eed);
-    eprintln!("FENCING_KILL_SEED={seed} FENCING_KILL_CYCLES={cycles}");
+    let (cycles, seed) = kill_cycles_and_seed("FENCING_KILL_CYCLES");
     let mut rng = Rng(seed | 1);
     let dir = tempfile::tempdir().unwrap();
     let http = client();

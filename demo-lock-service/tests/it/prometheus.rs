@@ -3,12 +3,11 @@
 //! every counter exists at 0 from the start. Without `promtool` on the `PATH`
 //! the test says SKIPPED and passes, unless `CI=true`.
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
-use test_support::ChildServer;
+use test_support::{ChildServer, prometheus_tool, promtool};
 
 /// A running `demo-lock-service` on a loopback ephemeral port; killed when dropped.
 struct Service {
@@ -27,38 +26,9 @@ impl Service {
     }
 }
 
-/// `promtool` on the `PATH`; `None` after a loud SKIPPED line, unless `CI=true`: then the test fails.
-fn promtool() -> Option<std::path::PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    if let Some(found) = std::env::split_paths(&path).map(|dir| dir.join("promtool")).find(|p| p.is_file()) {
-        return Some(found);
-    }
-    test_support::skip("`promtool` not installed (Debian: apt-get install prometheus)")
-}
-
-/// `promtool check metrics` on `scrape`; panics with its output unless it passes.
-fn check_metrics(promtool: &std::path::Path, scrape: &str) {
-    let mut child = Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(scrape.as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "promtool check metrics: {}\n{}{}\non:\n{scrape}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promtool_accepts_the_scrape_and_every_counter_starts_at_zero() {
-    let Some(promtool) = promtool() else { return };
+    let Some(promtool_bin) = prometheus_tool("promtool") else { return };
     let service = Service::start();
     let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
     let scrape = || async {
@@ -70,7 +40,7 @@ async fn promtool_accepts_the_scrape_and_every_counter_starts_at_zero() {
         let line = format!("lock_service_{name}_total 0");
         assert!(fresh.lines().any(|l| l == line), "no {line:?} before any request in:\n{fresh}");
     }
-    check_metrics(&promtool, &fresh);
+    promtool(&promtool_bin, &["check", "metrics"], &fresh);
 
     let acquire = |holder: &'static str| {
         http.post(format!("{}/v1/leases", service.base))
@@ -82,5 +52,5 @@ async fn promtool_accepts_the_scrape_and_every_counter_starts_at_zero() {
     let after = scrape().await;
     assert!(after.lines().any(|l| l == "lock_service_grants_total 1"), "{after}");
     assert!(after.lines().any(|l| l == "lock_service_conflicts_total 1"), "{after}");
-    check_metrics(&promtool, &after);
+    promtool(&promtool_bin, &["check", "metrics"], &after);
 }

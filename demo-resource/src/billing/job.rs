@@ -10,7 +10,8 @@ use tokio::sync::oneshot;
 
 use super::history::{Event, MarkOutcome, Recorder};
 use super::record::{MarkReply, Record};
-use super::{Attempt, BillingError, Instance, PausePoint, Protection, Step, Stopped};
+use super::{Attempt, Instance, PausePoint, Protection, Step, Stopped};
+use crate::failure::Failure;
 use crate::payments::{Charge, REPLAYED_HEADER};
 use crate::scenario::Holder;
 
@@ -76,7 +77,7 @@ pub(super) async fn run(
     holder: Holder,
     token: u64,
     mut pause: Option<Pause>,
-) -> Result<Instance, BillingError> {
+) -> Result<Instance, Failure> {
     let mut instance = Instance { holder, token, charges: Vec::new(), stopped: None };
     let mut pause_at = async |customer: usize, steps: &[Step]| {
         if let Some(pause) = pause.as_mut() {
@@ -136,8 +137,8 @@ async fn charge(
     holder: Holder,
     fenced: Option<(&FencedOperation, bool)>,
     customer: &str,
-) -> Result<Attempt, BillingError> {
-    let fail = |e: &dyn std::fmt::Display| BillingError(format!("{holder} charges {customer}: {e}"));
+) -> Result<Attempt, Failure> {
+    let fail = |e: &dyn std::fmt::Display| Failure(format!("{holder} charges {customer}: {e}"));
     let body = json!({
         "customer": customer,
         "amount": job.amount,

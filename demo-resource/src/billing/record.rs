@@ -8,7 +8,7 @@
 
 use tokio_postgres::{Client, Config, NoTls};
 
-use super::BillingError;
+use crate::failure::Failure;
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS billing_runs (
@@ -38,8 +38,8 @@ pub(super) enum MarkReply {
     },
 }
 
-fn db(context: &str, error: tokio_postgres::Error) -> BillingError {
-    BillingError(format!("run record ({context}): {error}"))
+fn db(context: &str, error: tokio_postgres::Error) -> Failure {
+    Failure(format!("run record ({context}): {error}"))
 }
 
 /// One connection to the record (each instance has its own, as separate processes would).
@@ -49,7 +49,7 @@ pub(super) struct Record {
 
 impl Record {
     /// Connects to the database at `config` and creates the tables if missing.
-    pub(super) async fn connect(config: &Config) -> Result<Self, BillingError> {
+    pub(super) async fn connect(config: &Config) -> Result<Self, Failure> {
         let (client, connection) = config.connect(NoTls).await.map_err(|e| db("connect", e))?;
         tokio::spawn(connection);
         client.batch_execute(SCHEMA).await.map_err(|e| db("create tables", e))?;
@@ -57,12 +57,7 @@ impl Record {
     }
 
     /// Fenced: marks `customer` of `run` as being charged by the holder of `token`.
-    pub(super) async fn mark(
-        &mut self,
-        run: &str,
-        customer: &str,
-        token: u64,
-    ) -> Result<MarkReply, BillingError> {
+    pub(super) async fn mark(&mut self, run: &str, customer: &str, token: u64) -> Result<MarkReply, Failure> {
         let token = as_i64(token)?;
         let tx = self.client.transaction().await.map_err(|e| db("begin", e))?;
         if let Some(highest) = fence(&tx, run, token).await? {
@@ -97,7 +92,7 @@ impl Record {
         customer: &str,
         token: u64,
         charge_id: &str,
-    ) -> Result<Option<u64>, BillingError> {
+    ) -> Result<Option<u64>, Failure> {
         let token = as_i64(token)?;
         let tx = self.client.transaction().await.map_err(|e| db("begin", e))?;
         if let Some(highest) = fence(&tx, run, token).await? {
@@ -115,11 +110,7 @@ impl Record {
     }
 
     /// Unfenced: which of `customers` are not charged yet in `run`.
-    pub(super) async fn uncharged(
-        &self,
-        run: &str,
-        customers: &[String],
-    ) -> Result<Vec<String>, BillingError> {
+    pub(super) async fn uncharged(&self, run: &str, customers: &[String]) -> Result<Vec<String>, Failure> {
         let rows = self
             .client
             .query("SELECT customer FROM billing_charges WHERE run = $1 AND state = 'charged'", &[&run])
@@ -135,7 +126,7 @@ impl Record {
         run: &str,
         customer: &str,
         charge_id: &str,
-    ) -> Result<(), BillingError> {
+    ) -> Result<(), Failure> {
         self.client
             .execute(
                 "INSERT INTO billing_charges (run, customer, state, charge_id) VALUES ($1, $2, 'charged', $3)
@@ -151,11 +142,7 @@ impl Record {
 /// The compare-and-set, inside `tx`: locks the run's row (created at `token` if
 /// new); a lower token than the run's is refused (`Some(run's token)`, and the
 /// transaction rolls back when dropped); a higher one raises it.
-async fn fence(
-    tx: &tokio_postgres::Transaction<'_>,
-    run: &str,
-    token: i64,
-) -> Result<Option<u64>, BillingError> {
+async fn fence(tx: &tokio_postgres::Transaction<'_>, run: &str, token: i64) -> Result<Option<u64>, Failure> {
     tx.execute(
         "INSERT INTO billing_runs (run, token) VALUES ($1, $2) ON CONFLICT (run) DO NOTHING",
         &[&run, &token],
@@ -178,8 +165,8 @@ async fn fence(
     Ok(None)
 }
 
-fn as_i64(token: u64) -> Result<i64, BillingError> {
-    i64::try_from(token).map_err(|_| BillingError(format!("token {token} does not fit PostgreSQL's bigint")))
+fn as_i64(token: u64) -> Result<i64, Failure> {
+    i64::try_from(token).map_err(|_| Failure(format!("token {token} does not fit PostgreSQL's bigint")))
 }
 
 /// A database of the scenario's own on the server at `admin`: created by
@@ -194,12 +181,12 @@ pub(super) struct TempDb {
 }
 
 impl TempDb {
-    pub(super) async fn create(admin_url: &str, name: &str) -> Result<Self, BillingError> {
+    pub(super) async fn create(admin_url: &str, name: &str) -> Result<Self, Failure> {
         let admin_config: Config =
-            admin_url.parse().map_err(|e| BillingError(format!("PostgreSQL URL {admin_url:?}: {e}")))?;
-        let admin = admin(&admin_config).await.map_err(|e| {
-            BillingError(format!("PostgreSQL at {admin_url} (the run's record lives there): {e}"))
-        })?;
+            admin_url.parse().map_err(|e| Failure(format!("PostgreSQL URL {admin_url:?}: {e}")))?;
+        let admin = admin(&admin_config)
+            .await
+            .map_err(|e| Failure(format!("PostgreSQL at {admin_url} (the run's record lives there): {e}")))?;
         admin
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .await
@@ -214,7 +201,7 @@ impl TempDb {
     }
 
     /// Drops the database, closing the connections still open to it.
-    pub(super) async fn drop_now(mut self) -> Result<(), BillingError> {
+    pub(super) async fn drop_now(mut self) -> Result<(), Failure> {
         self.dropped = true;
         let admin = admin(&self.admin_config).await.map_err(|e| db("connect", e))?;
         admin.batch_execute(&self.drop_sql()).await.map_err(|e| db("drop database", e))

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use fencing_client::RedisLockClient;
 
-use super::BillingError;
+use crate::failure::Failure;
 
 /// How long a private server gets to accept connections.
 const START_BOUND: Duration = Duration::from_secs(10);
@@ -43,7 +43,7 @@ impl Drop for PrivateRedis {
 /// lives longer than the run depends on it, so a server without `appendfsync
 /// always` (the usual default) is accepted here. A job that keeps using one
 /// counter across runs must not (docs/token-sources.md).
-pub(super) async fn connect(url: &str, prefix: &str) -> Result<Locks, BillingError> {
+pub(super) async fn connect(url: &str, prefix: &str) -> Result<Locks, Failure> {
     let builder = |url: &str| {
         RedisLockClient::builder(url.to_owned()).prefix(prefix.to_owned()).accept_volatile_counter(true)
     };
@@ -52,7 +52,7 @@ pub(super) async fn connect(url: &str, prefix: &str) -> Result<Locks, BillingErr
         Err(error) if is_unreachable(&error.to_string()) => {
             tracing::info!(url, %error, "no Redis there: starting a private redis-server");
         }
-        Err(error) => return Err(BillingError(format!("Redis at {url}: {error}"))),
+        Err(error) => return Err(Failure(format!("Redis at {url}: {error}"))),
     }
     let server = start_private()?;
     let port = server.1;
@@ -69,8 +69,8 @@ pub(super) async fn connect(url: &str, prefix: &str) -> Result<Locks, BillingErr
     })
     .await;
     let client = connected
-        .map_err(|_| BillingError(format!("the private redis-server did not answer within {START_BOUND:?}")))?
-        .map_err(|e| BillingError(format!("the private redis-server: {e}")))?;
+        .map_err(|_| Failure(format!("the private redis-server did not answer within {START_BOUND:?}")))?
+        .map_err(|e| Failure(format!("the private redis-server: {e}")))?;
     Ok(Locks { client, url, private: true, _server: Some(server.0) })
 }
 
@@ -79,17 +79,17 @@ fn is_unreachable(error: &str) -> bool {
     ["refused", "timed out", "timeout", "unreachable", "connect"].iter().any(|what| error.contains(what))
 }
 
-fn start_private() -> Result<(PrivateRedis, u16), BillingError> {
+fn start_private() -> Result<(PrivateRedis, u16), Failure> {
     let bin = find("redis-server").ok_or_else(|| {
-        BillingError(
+        Failure(
             "no Redis answers at the given URL, and no redis-server on PATH to start a private one".into(),
         )
     })?;
-    let dir = tempfile::tempdir().map_err(|e| BillingError(format!("temporary directory: {e}")))?;
+    let dir = tempfile::tempdir().map_err(|e| Failure(format!("temporary directory: {e}")))?;
     // A free port: bound, read, released; the server binds it a moment later.
     let port = TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)))
         .and_then(|listener| listener.local_addr())
-        .map_err(|e| BillingError(format!("a free port for redis-server: {e}")))?
+        .map_err(|e| Failure(format!("a free port for redis-server: {e}")))?
         .port();
     let child = Command::new(bin)
         .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", ""])
@@ -98,7 +98,7 @@ fn start_private() -> Result<(PrivateRedis, u16), BillingError> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| BillingError(format!("starting redis-server: {e}")))?;
+        .map_err(|e| Failure(format!("starting redis-server: {e}")))?;
     Ok((PrivateRedis { child, _dir: dir }, port))
 }
 

@@ -7,28 +7,20 @@ use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::Serialize;
 
 use super::ledger::{Charge, ChargeParams, Claim, Ledger, Saved};
 use super::{MAX_AMOUNT, MAX_CHARGE_BODY_BYTES, MAX_KEY_CHARS, REPLAYED_HEADER};
-use crate::http::{Problem, parse_delay};
+use crate::http::{Problem, parse_delay, problem_fallbacks, read_limited, require_json};
 
 type Answer = Result<Response, Problem>;
 
 pub(crate) fn router(ledger: Ledger) -> Router {
-    Router::new()
+    let routes = Router::new()
         .route("/v1/charges", get(list).post(create))
         .route("/v1/charges/{id}", get(one))
-        .route("/healthz", get(|| async { "ok" }))
-        .method_not_allowed_fallback(|| async {
-            Problem::new(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed", "Method not allowed")
-                .detail("this route does not accept that method")
-        })
-        .fallback(|| async {
-            Problem::new(StatusCode::NOT_FOUND, "not-found", "Not found").detail("no such route")
-        })
-        .with_state(ledger)
+        .route("/healthz", get(|| async { "ok" }));
+    problem_fallbacks(routes).with_state(ledger)
 }
 
 /// `POST /v1/charges`.
@@ -114,27 +106,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Problem> {
 
 /// The JSON body, checked field by field.
 async fn charge_params(headers: &HeaderMap, body: Body) -> Result<ChargeParams, Problem> {
-    let json = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split(';').next())
-        .is_some_and(|v| v.trim().eq_ignore_ascii_case("application/json"));
-    if !json {
-        return Err(Problem::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported-media-type",
-            "Unsupported media type",
-        )
-        .detail("the body must be application/json"));
-    }
-    let bytes = match Limited::new(body, MAX_CHARGE_BODY_BYTES).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(error) if error.is::<LengthLimitError>() => {
-            return Err(Problem::new(StatusCode::PAYLOAD_TOO_LARGE, "body-too-large", "Body too large")
-                .detail(format!("the body must be at most {MAX_CHARGE_BODY_BYTES} bytes")));
-        }
-        Err(error) => return Err(Problem::bad_request("bad-body", format!("cannot read the body: {error}"))),
-    };
+    require_json(headers, "the body must be application/json")?;
+    let bytes = read_limited(body, MAX_CHARGE_BODY_BYTES, "the body").await?;
     let params: ChargeParams = serde_json::from_slice(&bytes)
         .map_err(|e| Problem::bad_request("bad-params", format!("not a charge: {e}")))?;
     let bad = |detail: String| Err(Problem::bad_request("bad-params", detail));

@@ -43,7 +43,7 @@ async fn put(running: &RunningResource, path: &str, token: u64, proof: Option<&s
 }
 
 fn mark(running: &RunningResource, key: &str) -> Option<u64> {
-    running.resource().mark_store().unwrap().mark(key)
+    running.served().mark_store().unwrap().mark(key)
 }
 
 /// A durable resource in `dir` checking proofs by `signer`'s public key.

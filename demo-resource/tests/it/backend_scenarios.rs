@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use demo_resource::scenario::{self, A_WRITE, B_WRITE, Report, TokenSource};
 use test_support::{Redis, TestDb, ZooKeeper};
-use tokio::time::timeout;
+
+use crate::common::scenario_within;
 
 /// The scenario's outcomes, as with the demo lock service.
 fn check(report: &Report) {
@@ -25,17 +26,20 @@ fn check(report: &Report) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_with_postgres_tokens() {
     let Some(db) = TestDb::create().await else { return };
-    let report =
-        timeout(Duration::from_secs(60), scenario::run_with(TokenSource::Postgres { url: db.url() }));
-    check(&report.await.expect("the scenario finishes within a minute").unwrap());
+    check(
+        &scenario_within(
+            Duration::from_secs(60),
+            scenario::run_with(TokenSource::Postgres { url: db.url() }),
+        )
+        .await,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_with_redis_tokens() {
     let Some(redis) = Redis::start().await else { return };
     let source = TokenSource::Redis { url: redis.url(), accept_volatile_counter: false };
-    let report = timeout(Duration::from_secs(30), scenario::run_with(source));
-    check(&report.await.expect("the scenario finishes within 30 s").unwrap());
+    check(&scenario_within(Duration::from_secs(30), scenario::run_with(source)).await);
 }
 
 /// 100 ms ticks: A's 200 ms TTL is a 200 ms session (the minimum is two ticks).
@@ -43,6 +47,5 @@ async fn scenario_with_redis_tokens() {
 async fn scenario_with_zookeeper_tokens() {
     let Some(zookeeper) = ZooKeeper::start().await else { return };
     let source = TokenSource::ZooKeeper { cluster: zookeeper.cluster() };
-    let report = timeout(Duration::from_secs(60), scenario::run_with(source));
-    check(&report.await.expect("the scenario finishes within a minute").unwrap());
+    check(&scenario_within(Duration::from_secs(60), scenario::run_with(source)).await);
 }

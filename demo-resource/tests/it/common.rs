@@ -1,12 +1,26 @@
 //! What the tests share: a client that never takes a proxy, an answer read
-//! whole with the problem+json check every error answer gets, and the binary
-//! run to completion.
+//! whole with the problem+json check every error answer gets, the binary run
+//! to completion, and the lease scenario run within a bound.
 
 use std::process::Command;
 use std::time::Duration;
 
+use demo_resource::Failure;
+use demo_resource::scenario::Report;
 use reqwest::Client;
 use serde_json::Value;
+
+/// The report of a run of the lease scenario; fails the test unless the run
+/// gets to the end within `bound`.
+pub(crate) async fn scenario_within(
+    bound: Duration,
+    run: impl Future<Output = Result<Report, Failure>>,
+) -> Report {
+    tokio::time::timeout(bound, run)
+        .await
+        .unwrap_or_else(|_| panic!("the scenario did not finish within {bound:?}"))
+        .expect("the scenario runs")
+}
 
 /// A client for 127.0.0.1: no proxy from the environment, a 20 s bound on each request.
 pub(crate) fn client() -> Client {

@@ -15,11 +15,11 @@
 //! `FENCING_FAULT_SEED` repeats a run's timing.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use crate::fault_tools::{DISK_FAULTS, Service, have, rounds};
+use crate::fault_tools::rig::DiskFaultRig;
+use crate::fault_tools::{DISK_FAULTS, rounds};
 use serde_json::Value;
 
 const BIN: &str = env!("CARGO_BIN_EXE_demo-resource");
@@ -45,27 +45,15 @@ struct Ledger {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_and_marks_survive_disk_faults_and_recover_without_restart() {
-    if !have("fiu-run", "fiu-utils") {
-        return;
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let data_arg = data.to_str().unwrap();
-    let args = ["serve", "--listen", "127.0.0.1:0", "--data-dir", data_arg];
-    let service = Service::start(BIN, &args, Some(dir.path()), &[], None);
-    let url = service.url.clone();
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(10)).build().unwrap();
+    let Some(rig) = DiskFaultRig::start(BIN, &["serve", "--listen", "127.0.0.1:0"]) else { return };
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let refused = Arc::new(AtomicU64::new(0));
-    let stop = Arc::new(AtomicBool::new(false));
 
-    let mut load = Vec::new();
+    let mut load = rig.load();
     for client in 0..CLIENTS {
-        let (http, url, ledger, refused, stop) =
-            (http.clone(), url.clone(), Arc::clone(&ledger), Arc::clone(&refused), Arc::clone(&stop));
-        load.push(tokio::spawn(async move {
+        let ledger = Arc::clone(&ledger);
+        load.spawn(|me| async move {
             let mut token = 0u64;
-            while !stop.load(Ordering::Relaxed) {
+            while me.running() {
                 token += 1;
                 let name = format!("log-{client}-{}", token % 2);
                 let highest = ledger.lock().unwrap().acked.get(&name).and_then(|e| e.last()).map(|e| e.0);
@@ -73,43 +61,39 @@ async fn acknowledged_writes_and_marks_survive_disk_faults_and_recover_without_r
                 if token.is_multiple_of(4)
                     && let Some(highest) = highest.filter(|h| *h > 1)
                 {
-                    let answer = append(&http, &url, &name, highest - 1, "stale").await;
+                    let answer = append(&me.http, &me.url, &name, highest - 1, "stale").await;
                     let mut ledger = ledger.lock().unwrap();
                     ledger.stale_sent += 1;
                     ledger.stale_admitted += u64::from((200..300).contains(&answer));
                     continue;
                 }
                 let value = format!("c{client}-t{token}");
-                match append(&http, &url, &name, token, &value).await {
+                match append(&me.http, &me.url, &name, token, &value).await {
                     201 => ledger.lock().unwrap().acked.entry(name).or_default().push((token, value)),
-                    _ => {
-                        refused.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(5)).await;
-                    }
+                    _ => me.refused().await,
                 }
             }
-        }));
+        });
     }
 
     let probe_token = AtomicU64::new(0);
-    let faults = service
-        .switch_disk_faults(&http, rounds(2 * DISK_FAULTS.len()), &refused, || async {
+    let (http, url) = (&rig.http, &rig.service.url);
+    let faults = rig
+        .service
+        .switch_disk_faults(http, rounds(2 * DISK_FAULTS.len()), load.refused(), || async {
             let token = probe_token.fetch_add(1, Ordering::Relaxed) + 1;
             let value = format!("probe-{token}");
-            let ok = append(&http, &url, "probe", token, &value).await == 201;
+            let ok = append(http, url, "probe", token, &value).await == 201;
             if ok {
                 ledger.lock().unwrap().acked.entry("probe".into()).or_default().push((token, value));
             }
             ok
         })
         .await;
-    stop.store(true, Ordering::Relaxed);
-    for task in load {
-        task.await.unwrap();
-    }
+    let refused = load.stop().await;
 
     let mut ledger = Arc::try_unwrap(ledger).ok().unwrap().into_inner().unwrap();
-    ledger.refused = refused.load(Ordering::Relaxed);
+    ledger.refused = refused;
     let acked: usize = ledger.acked.values().map(Vec::len).sum();
     assert_eq!(ledger.stale_admitted, 0, "stale tokens admitted ({} sent)", ledger.stale_sent);
     assert!(ledger.stale_sent > 0, "no stale token was tried");
@@ -118,12 +102,11 @@ async fn acknowledged_writes_and_marks_survive_disk_faults_and_recover_without_r
     assert!(faults.not_ready_seen > 0, "/readyz never reported a fault");
 
     // kill -9, then restart without faults: every acknowledged append and raise is there.
-    service.kill9();
-    let service = Service::start(BIN, &args, None, &[], None);
+    let rig = rig.restart();
+    let (http, url) = (&rig.http, &rig.service.url);
     let mut lost = 0;
     for (name, entries) in &ledger.acked {
-        let log: Value =
-            http.get(format!("{}/logs/{name}", service.url)).send().await.unwrap().json().await.unwrap();
+        let log: Value = http.get(format!("{url}/logs/{name}")).send().await.unwrap().json().await.unwrap();
         let stored: Vec<(u64, String)> = log["entries"]
             .as_array()
             .unwrap_or_else(|| panic!("{name}: no entries after the restart: {log}"))
@@ -133,7 +116,7 @@ async fn acknowledged_writes_and_marks_survive_disk_faults_and_recover_without_r
         lost += entries.iter().filter(|entry| !stored.contains(entry)).count();
         let highest = entries.last().unwrap().0;
         if highest > 1 {
-            let answer = append(&http, &service.url, name, highest - 1, "stale after restart").await;
+            let answer = append(http, url, name, highest - 1, "stale after restart").await;
             assert_eq!(
                 answer,
                 409,

@@ -12,17 +12,14 @@ use fencing_client::EtcdLockClient;
 use fencing_client::drivers::etcd_client::GetOptions;
 use test_support::Etcd;
 
-use crate::common::stdout_of_success;
+use crate::common::{scenario_within, stdout_of_success};
 use crate::scenario::assert_prints_the_three_outcomes;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scenario_with_etcd_tokens_has_the_expected_outcomes() {
     let Some(etcd) = Etcd::start().await else { return };
     let source = TokenSource::Etcd { endpoints: vec![etcd.endpoint.clone()] };
-    let report = tokio::time::timeout(Duration::from_secs(60), scenario::run_with(source))
-        .await
-        .expect("the scenario finishes within a minute")
-        .expect("the scenario runs");
+    let report = scenario_within(Duration::from_secs(60), scenario::run_with(source)).await;
 
     let (off, on, flight) = (&report.without_fencing, &report.with_fencing, &report.in_flight);
     // Without fencing both writes land, the stale one last.

@@ -17,6 +17,8 @@ use reqwest::Client;
 use serde_json::Value;
 use test_support::ChildServer;
 
+use crate::fault_tools::kill_cycles_and_seed;
+
 const KEYS: usize = 3;
 
 /// A running `demo-resource serve` (test-support's child server, SIGKILLed when dropped).
@@ -62,15 +64,9 @@ async fn read_log(http: &Client, base: &str, key: usize) -> Vec<(u64, String)> {
         .collect()
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().map(|v| v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_writes_and_marks_survive_kill_9_under_writes() {
-    let cycles = env_u64("FENCING_RESOURCE_KILL_CYCLES").unwrap_or(50) as usize;
-    let seed = env_u64("FENCING_KILL_SEED").unwrap_or(0x5eed);
-    eprintln!("FENCING_KILL_SEED={seed} FENCING_RESOURCE_KILL_CYCLES={cycles}");
+    let (cycles, seed) = kill_cycles_and_seed("FENCING_RESOURCE_KILL_CYCLES");
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let http = Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap();

@@ -9,7 +9,7 @@ mod tools;
 use std::time::Duration;
 
 use reqwest::Method;
-use tools::{Demo, Prometheus, get, promtool, send, tool, workspace};
+use tools::{Demo, Prometheus, get, prometheus_tool, promtool, send, workspace};
 
 const DEMO: &str = env!("CARGO_BIN_EXE_demo-resource");
 
@@ -38,7 +38,7 @@ fn the_docs_show_the_rules_file_and_its_tests_cover_every_rule() {
 /// start after a restart).
 #[test]
 fn promtool_checks_the_rules_and_runs_their_tests() {
-    let Some(promtool_bin) = tool("promtool") else { return };
+    let Some(promtool_bin) = prometheus_tool("promtool") else { return };
     let alerts = workspace().join("docs/alerts");
     promtool(&promtool_bin, &["check", "rules", alerts.join("fencing.yml").to_str().unwrap()], "");
     promtool(&promtool_bin, &["test", "rules", alerts.join("fencing.test.yml").to_str().unwrap()], "");
@@ -48,7 +48,7 @@ fn promtool_checks_the_rules_and_runs_their_tests() {
 /// write, a stale one and a refusal without a token.
 #[test]
 fn promtool_accepts_the_resource_scrape() {
-    let Some(promtool_bin) = tool("promtool") else { return };
+    let Some(promtool_bin) = prometheus_tool("promtool") else { return };
     let demo = Demo::start(DEMO, &["serve", "--listen", "127.0.0.1:0", "--in-memory"]);
     let scrape = || get(&format!("http://{}/metrics", demo.addr)).expect("a scrape").1;
     let fresh = scrape();
@@ -68,7 +68,7 @@ fn promtool_accepts_the_resource_scrape() {
 /// scrape, a write and a stale write. The documented alert must fire.
 #[test]
 fn a_real_prometheus_fires_the_documented_alert_on_the_first_stale_write() {
-    let Some(prometheus_bin) = tool("prometheus") else { return };
+    let Some(prometheus_bin) = prometheus_tool("prometheus") else { return };
     let demo = Demo::start(DEMO, &["serve", "--listen", "127.0.0.1:0", "--in-memory"]);
     let rules = workspace().join("docs/alerts/fencing.yml");
     let prometheus = Prometheus::start(&prometheus_bin, "demo-resource", demo.addr, &rules);

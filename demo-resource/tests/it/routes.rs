@@ -214,7 +214,7 @@ async fn bad_inputs_get_problem_json(data: Data) {
 
 async fn unknown_routes_and_methods_never_touch_the_marks(data: Data) {
     let Some(s) = Server::start(data, true).await else { return };
-    let marks = s.running.resource().mark_store().unwrap().clone();
+    let marks = s.running.served().mark_store().unwrap().clone();
     s.post("/nope", Some("9"), "x").await.problem(404, "not-found");
     s.call(Method::PATCH, "/kv/k", Some("9"), "x").await.problem(405, "method-not-allowed");
     s.call(Method::POST, "/kv/k", Some("9"), "x").await.problem(405, "method-not-allowed");
@@ -227,7 +227,7 @@ async fn unknown_routes_and_methods_never_touch_the_marks(data: Data) {
 
 async fn delay_ms_holds_the_write_inside_the_handler(data: Data) {
     let Some(s) = Server::start(data, true).await else { return };
-    let resource = s.running.resource().clone();
+    let resource = s.running.served().clone();
     let url = format!("{}/logs/slow?delay_ms=10000", s.running.base_url());
     let write = tokio::spawn(s.http.post(url).header("Fencing-Token", "1").body("late").send());
     tokio::time::timeout(Duration::from_secs(10), resource.wait_in_flight("/logs/slow", 1)).await.unwrap();
@@ -249,7 +249,7 @@ async fn delay_ms_holds_the_write_inside_the_handler(data: Data) {
 
 async fn a_newer_token_waits_for_an_older_write_in_flight(data: Data) {
     let Some(s) = Server::start(data, true).await else { return };
-    let resource = s.running.resource().clone();
+    let resource = s.running.served().clone();
     let base = s.running.base_url();
     let old = tokio::spawn(
         s.http.post(format!("{base}/logs/l?delay_ms=10000")).header("Fencing-Token", "1").body("old").send(),
@@ -280,7 +280,7 @@ async fn a_newer_token_waits_for_an_older_write_in_flight(data: Data) {
 
 async fn without_fencing_stale_and_tokenless_writes_get_through(data: Data) {
     let Some(s) = Server::start(data, false).await else { return };
-    assert!(s.running.resource().mark_store().is_none());
+    assert!(s.running.served().mark_store().is_none());
     assert_eq!(s.post("/logs/l", Some("5"), "newer").await.status, 201);
     assert_eq!(s.post("/logs/l", Some("1"), "stale").await.status, 201);
     assert_eq!(s.post("/logs/l", None, "no token").await.status, 201);

@@ -5,15 +5,12 @@ use std::time::Duration;
 
 use demo_resource::scenario::{self, A_IN_FLIGHT_WRITE, A_WRITE, B_WRITE};
 
-use crate::common::stdout_of_success;
+use crate::common::{scenario_within, stdout_of_success};
 use crate::svg_check;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scenario_has_the_expected_outcomes() {
-    let report = tokio::time::timeout(Duration::from_secs(60), scenario::run())
-        .await
-        .expect("the scenario finishes within a minute")
-        .expect("the scenario runs");
+    let report = scenario_within(Duration::from_secs(60), scenario::run()).await;
 
     // Without fencing both writes land, the stale one last; the resource saw no tokens.
     let off = &report.without_fencing;
@@ -75,10 +72,7 @@ async fn the_scenario_has_the_expected_outcomes() {
 /// labelled, and it renders to a picture that is not blank.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_timeline_shows_the_three_rounds() {
-    let report = tokio::time::timeout(Duration::from_secs(60), scenario::run())
-        .await
-        .expect("the scenario finishes within a minute")
-        .expect("the scenario runs");
+    let report = scenario_within(Duration::from_secs(60), scenario::run()).await;
     assert_eq!(report.problems(), Vec::<String>::new());
     let svg = report.timeline().to_svg();
     let texts = svg_check::texts(&svg);

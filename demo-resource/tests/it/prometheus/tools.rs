@@ -1,10 +1,9 @@
-//! Debian's `prometheus` package, for the tests: finding `promtool` and
-//! `prometheus`, checking a scrape, and a real Prometheus of the test's own on a
+//! Debian's `prometheus` package, for the tests: test-support's `promtool` and
+//! `prometheus` finder and check, and a real Prometheus of the test's own on a
 //! loopback port, in a temporary directory, killed when dropped.
 
 #![allow(dead_code, unreachable_pub)]
 
-use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,40 +12,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use test_support::ChildServer;
 
-pub use test_support::skip;
-
-/// `name` on the `PATH`, or `None` after SKIPPED.
-pub fn tool(name: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    match std::env::split_paths(&path).map(|dir| dir.join(name)).find(|p| p.is_file()) {
-        Some(found) => Some(found),
-        None => skip(&format!("`{name}` not installed (Debian: apt-get install prometheus)")),
-    }
-}
+pub use test_support::{prometheus_tool, promtool};
 
 /// The workspace's root directory.
 pub fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
-}
-
-/// Runs `promtool` with `args` and `stdin`; panics with its output unless it succeeds.
-pub fn promtool(promtool: &Path, args: &[&str], stdin: &str) {
-    let mut child = Command::new(promtool)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool starts");
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "promtool {args:?}: {}\n{}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
 }
 
 /// A running `demo-resource serve` (its own flags after `serve --listen 127.0.0.1:0`);

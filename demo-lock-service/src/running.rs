@@ -1,4 +1,6 @@
-//! [`Running`]: a server started in a background task, and the way to stop it.
+//! [`Running`]: a router served in a background task, and the way to stop it
+//! (the lock service's [`RunningService`](crate::RunningService), and
+//! demo-resource's servers).
 
 use std::net::SocketAddr;
 
@@ -6,20 +8,32 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// What a `spawn` started: the bound address, what it serves, and its task.
-/// Dropping it stops the server without waiting; [`shutdown`](Self::shutdown) waits.
+/// What a [`Running`] server serves: told once the server has stopped, so that
+/// it can let go of what it holds.
+pub trait Served {
+    /// Called once, after the server stopped ([`Running::shutdown`], or the
+    /// [`Running`] dropped without it). Does nothing unless implemented.
+    fn stopped(&self) {}
+}
+
+/// What [`start`](Self::start) started: the bound address, what it serves, and
+/// its task. Dropping it stops the server without waiting; [`shutdown`](Self::shutdown) waits.
 #[derive(Debug)]
-pub struct Running<T> {
+pub struct Running<T: Served> {
     addr: SocketAddr,
     served: T,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<std::io::Result<()>>,
 }
 
-impl<T> Running<T> {
+impl<T: Served> Running<T> {
     /// Binds `addr` (`127.0.0.1:0` picks a free port) and serves `router` in a
     /// background task until stopped, then lets open requests finish.
-    pub(crate) async fn start(addr: SocketAddr, served: T, router: axum::Router) -> std::io::Result<Self> {
+    ///
+    /// # Errors
+    ///
+    /// The address cannot be bound.
+    pub async fn start(addr: SocketAddr, served: T, router: axum::Router) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
@@ -48,7 +62,8 @@ impl<T> Running<T> {
         &self.served
     }
 
-    /// Stops accepting connections and waits for open requests to finish.
+    /// Stops accepting connections, waits for open requests to finish, then
+    /// tells what was served that it [`stopped`](Served::stopped).
     ///
     /// # Errors
     ///
@@ -57,14 +72,19 @@ impl<T> Running<T> {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        (&mut self.task).await.map_err(std::io::Error::other)?
+        let served = (&mut self.task).await.map_err(std::io::Error::other);
+        self.served.stopped();
+        served?
     }
 }
 
-impl<T> Drop for Running<T> {
+impl<T: Served> Drop for Running<T> {
     fn drop(&mut self) {
+        // Not shut down: stop accepting at once (requests in flight on open
+        // connections are cut off), and let go.
         if self.stop.is_some() {
             self.task.abort();
+            self.served.stopped();
         }
     }
 }

@@ -143,6 +143,7 @@ impl fmt::Debug for SharedStoreHandle {
 }
 
 impl Config {
+    #[inline]
     pub(crate) fn is_fenced<B>(&self, request: &Request<B>) -> bool {
         !self.unfenced_methods.contains(request.method())
             && !self.unfenced_if.as_ref().is_some_and(|unfenced| (unfenced.0)(request))

@@ -213,12 +213,17 @@ async fn row_version(client: &Client, key: &str) -> (String, String) {
     (row.get(0), row.get(1))
 }
 
+/// A database with the mark table, a client that fences, and one that watches.
+async fn with_observer() -> Option<(TestDb, PgFence, Client, Client)> {
+    let db = TestDb::create().await?;
+    let fence = db.fence().await;
+    let (client, observer) = (db.connect().await, db.connect().await);
+    Some((db, fence, client, observer))
+}
+
 #[tokio::test]
 async fn an_equal_token_locks_the_row_without_rewriting_it() {
-    let Some(db) = TestDb::create().await else { return };
-    let fence = db.fence().await;
-    let mut client = db.connect().await;
-    let observer = db.connect().await;
+    let Some((_db, fence, mut client, observer)) = with_observer().await else { return };
 
     fence_once(&fence, &mut client, "/docs/a", 5).await.unwrap();
     let written = row_version(&observer, "/docs/a").await;
@@ -252,10 +257,7 @@ const PREPARED: &str = "SELECT statement, generic_plans + custom_plans FROM pg_p
 /// mark decides, even when it changed behind the process's back.
 #[tokio::test]
 async fn a_remembered_token_is_a_hint_and_the_row_decides() {
-    let Some(db) = TestDb::create().await else { return };
-    let fence = db.fence().await;
-    let mut client = db.connect().await;
-    let observer = db.connect().await;
+    let Some((db, fence, mut client, observer)) = with_observer().await else { return };
     let key = "/docs/hint";
     fence_once(&fence, &mut client, key, 5).await.unwrap();
     // A raise to 7 rolled back: 7 is remembered, the row still says 5.

@@ -311,13 +311,7 @@ impl PgFence {
             // The row is in place (`known.rs`): lock it and read its mark.
             if let Some(row) = tx.fence_query(&self.sql.lock, key, wire).await?.first() {
                 let mark = from_wire(row.try_get(0)?);
-                let way: Option<&str> = row.try_get(1)?;
-                if way == Some(WAY_CLAIMS) {
-                    return Err(FenceError::FencedByClaims { key: key.to_owned() });
-                }
-                if mark > token {
-                    return Err(FenceError::Stale { key: key.to_owned(), presented: token, highest: mark });
-                }
+                admits(key, token, mark, row.try_get(1)?)?;
                 if mark == token {
                     return Ok(Fenced { token, previous: mark });
                 }
@@ -333,13 +327,7 @@ impl PgFence {
         };
         let previous = from_wire(row.try_get(0)?);
         let mark = from_wire(row.try_get(1)?);
-        let way: Option<String> = row.try_get(2)?;
-        if way.as_deref() == Some(WAY_CLAIMS) {
-            return Err(FenceError::FencedByClaims { key: key.to_owned() });
-        }
-        if mark > token {
-            return Err(FenceError::Stale { key: key.to_owned(), presented: token, highest: mark });
-        }
+        admits(key, token, mark, row.try_get(2)?)?;
         if token > previous {
             tracing::debug!(key, previous, token, "fencing mark raised");
         }
@@ -356,6 +344,18 @@ impl PgFence {
         client.prepare_typed_cached(&self.sql.fence, &crate::transaction::PARAMS).await?;
         Ok(())
     }
+}
+
+/// What a locked mark row says of `token`: refused if the shared store owns the
+/// key or the mark is higher; otherwise the fence goes on.
+fn admits(key: &str, token: u64, mark: u64, way: Option<&str>) -> Result<(), FenceError> {
+    if way == Some(WAY_CLAIMS) {
+        return Err(FenceError::FencedByClaims { key: key.to_owned() });
+    }
+    if mark > token {
+        return Err(FenceError::Stale { key: key.to_owned(), presented: token, highest: mark });
+    }
+    Ok(())
 }
 
 /// FNV-1a: a hash that is the same in every process, for the channel's name.

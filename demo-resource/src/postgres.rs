@@ -140,21 +140,17 @@ impl PgData {
             return Err(FenceError::KeyHasNul);
         }
         let mut client = self.pool.get().await?;
-        if let (Some(fence), Some(_)) = (&self.fence, token) {
-            // Prepared once per pooled connection (no wait after that), so
-            // that the fence always goes out ahead of the write below.
-            fence.prepare(&client).await?;
-        }
         let tx = client.transaction().await?;
         let mut wait = std::pin::pin!(wait);
         // No `delay_ms`: the write goes out right behind the fence, in the same
-        // round trip. The server runs them in order, and a refused fence aborts
-        // the transaction, so the write never applies without the fence.
+        // round trip (the fence is sent on its first poll, and `biased` polls it
+        // first). The server runs them in order, and a refused fence aborts the
+        // transaction, so the write never applies without the fence.
         let no_delay =
             std::future::poll_fn(|cx| std::task::Poll::Ready(wait.as_mut().poll(cx).is_ready())).await;
         let rows = match (&self.fence, token) {
             (Some(fence), Some(token)) if no_delay => {
-                let (_, rows) = tokio::try_join!(async { fence.fence(&tx, resource, token).await }, async {
+                let (_, rows) = tokio::try_join!(biased; async { fence.fence(&tx, resource, token).await }, async {
                     tx.query_typed(statement, params).await.map_err(FenceError::from)
                 },)?;
                 rows

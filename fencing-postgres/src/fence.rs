@@ -289,11 +289,10 @@ impl PgFence {
     /// connection the mark would commit, and unlock, before the write. A
     /// pooled (`deadpool_postgres`) transaction prepares the statement once per
     /// connection; a plain `tokio_postgres` one sends it unprepared each time
-    /// ([`FenceTransaction`]). To send the write in the same round trip as the
-    /// fence (`try_join!` of both), call [`prepare`](Self::prepare) first, so
-    /// that the fence goes out ahead of the write on a connection's first use too.
-    /// Either way the write runs after the key's row is locked or created
-    /// (`known.rs` in the source says why that order matters).
+    /// ([`FenceTransaction`]). Either way the statement goes out on this
+    /// future's first poll, so a write polled after it (`try_join!(biased;
+    /// fence, write)`: the same round trip) runs after the key's row is locked or
+    /// created (`known.rs` in the source says why that order matters).
     pub async fn fence<T: FenceTransaction + ?Sized>(
         &self,
         tx: &T,
@@ -333,16 +332,6 @@ impl PgFence {
         }
         self.known.remember(key, token);
         Ok(Fenced { token, previous })
-    }
-
-    /// Prepares the fence's two statements on a pooled connection, unless its
-    /// statement cache holds them already (then this does not wait). After it, a
-    /// [`fence`](Self::fence) on that connection sends its statement on its
-    /// first poll, ahead of a write polled after it.
-    pub async fn prepare(&self, client: &deadpool_postgres::ClientWrapper) -> Result<(), FenceError> {
-        client.prepare_typed_cached(&self.sql.lock, &crate::transaction::PARAMS).await?;
-        client.prepare_typed_cached(&self.sql.fence, &crate::transaction::PARAMS).await?;
-        Ok(())
     }
 }
 

@@ -86,7 +86,7 @@
 //! # The statements
 //!
 //! One statement, so one round trip per fenced transaction, and it can go out
-//! with the write (`try_join!` of both, after [`PgFence::prepare`]). A pooled
+//! with the write (`try_join!(biased; fence, write)`). A pooled
 //! transaction prepares it once per connection; a plain `tokio_postgres` one
 //! sends it with typed parameters each time ([`FenceTransaction`]). Which
 //! statement depends on the token. Without the token encoding (below):

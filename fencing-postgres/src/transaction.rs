@@ -3,12 +3,15 @@
 //! The fence statement is the same every time, so what it costs the server is
 //! mostly parsing and planning it, unless it is prepared. A pooled
 //! (`deadpool_postgres`) transaction prepares it once per connection and keeps
-//! it in the connection's statement cache; a plain `tokio_postgres` transaction
+//! it in the connection's statement cache (the first fence on a connection
+//! sends it unprepared beside its preparation, so that even then it goes out
+//! before anything sent after it); a plain `tokio_postgres` transaction
 //! has no cache to keep it in, so it sends the statement with typed parameters
 //! (parse, bind and execute in one batch: no prepare round trip, but a parse
 //! and a plan each time). BENCHMARKS.md §13 has the difference.
 
 use std::future::Future;
+use std::task::Poll;
 
 use tokio_postgres::types::Type;
 use tokio_postgres::{Error, Row};
@@ -40,10 +43,20 @@ impl FenceTransaction for tokio_postgres::Transaction<'_> {
 
 impl FenceTransaction for deadpool_postgres::Transaction<'_> {
     async fn fence_query(&self, sql: &str, key: &str, wire: i64) -> Result<Vec<Row>, Error> {
-        // A cache hit does not wait: the execute goes out on this future's
-        // first poll, ahead of anything the caller sends after it.
-        let statement = self.prepare_typed_cached(sql, &PARAMS).await?;
-        self.query(&statement, &[&key, &wire]).await
+        // The fence must go out on this future's first poll, ahead of a write
+        // the caller polls after it (`try_join!`). A cached statement is ready at
+        // once. Preparing one waits a round trip, which would let that write go
+        // first: so on a miss the statement goes out unprepared now, right behind
+        // the preparation, which is kept for this connection's next fence.
+        let mut prepared = std::pin::pin!(self.prepare_typed_cached(sql, &PARAMS));
+        match std::future::poll_fn(|cx| Poll::Ready(prepared.as_mut().poll(cx))).await {
+            Poll::Ready(statement) => self.query(&statement?, &[&key, &wire]).await,
+            Poll::Pending => {
+                let params = [(&key as _, PARAMS[0].clone()), (&wire as _, PARAMS[1].clone())];
+                let (rows, _) = tokio::try_join!(biased; self.query_typed(sql, &params), prepared)?;
+                Ok(rows)
+            }
+        }
     }
 }
 

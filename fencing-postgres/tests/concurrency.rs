@@ -198,7 +198,6 @@ async fn first_uses_racing_with_pipelined_writes_keep_only_the_higher_token() {
     for (first, second) in [(6, 5), (5, 6)] {
         let key = format!("{KEY}/first-use-{first}-{second}");
         let mut a = pool.get().await.unwrap();
-        fence.prepare(&a).await.unwrap();
         let a_tx = a.transaction().await.unwrap();
         let fenced = fence_and_insert(&fence, &a_tx, &key, first).await.unwrap();
         assert_eq!(fenced, Fenced { token: first, previous: 0 });
@@ -206,7 +205,6 @@ async fn first_uses_racing_with_pipelined_writes_keep_only_the_higher_token() {
         let (b_pool, b_fence, b_key) = (pool.clone(), fence.clone(), key.clone());
         let b = tokio::spawn(async move {
             let mut client = b_pool.get().await.unwrap();
-            b_fence.prepare(&client).await.unwrap();
             let tx = client.transaction().await.unwrap();
             let outcome = fence_and_insert(&b_fence, &tx, &b_key, second).await;
             if outcome.is_ok() {

@@ -10,6 +10,7 @@ use common::{TestDb, TestDbExt, mark};
 use fencing_postgres::{FenceError, Fenced, MAX_KEY_BYTES, PgFence, PoolLimits};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
+use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{Client, IsolationLevel};
 
 /// Fences `key` with `token` in a transaction of its own and commits.
@@ -293,9 +294,10 @@ async fn a_pooled_transaction_prepares_the_statements_once_per_connection() {
         tx.commit().await.unwrap();
     }
     let client = pool.get().await.unwrap();
-    fence.prepare(&client).await.unwrap(); // cached: no second statement
-    // Each statement once, and how often it ran: the plain lock for the two
-    // repeated tokens, the full statement for the first use and the raise.
+    // Each statement prepared once, and how often the prepared one ran: the
+    // plain lock for the repeated tokens, the full statement for the first use
+    // and the raise; the first use of each went out unprepared beside its
+    // preparation (so that it was sent at once), the second used it.
     let prepared: Vec<(String, i64)> = client
         .query(PREPARED, &[])
         .await
@@ -304,10 +306,37 @@ async fn a_pooled_transaction_prepares_the_statements_once_per_connection() {
         .map(|row| (row.get::<_, String>(0), row.get(1)))
         .collect();
     assert_eq!(prepared.len(), 2, "the fence's two statements on the pool's one connection: {prepared:?}");
-    assert!(prepared[0].0.starts_with("SELECT") && prepared[0].1 == 2, "{prepared:?}");
-    assert!(prepared[1].0.starts_with("WITH cur AS") && prepared[1].1 == 2, "{prepared:?}");
+    assert!(prepared[0].0.starts_with("SELECT") && prepared[0].1 == 1, "{prepared:?}");
+    assert!(prepared[1].0.starts_with("WITH cur AS") && prepared[1].1 == 1, "{prepared:?}");
     // A stale token through the cached statement is refused as before.
     let mut client = client;
     let tx = client.transaction().await.unwrap();
     assert!(matches!(fence.fence(&tx, "/docs/p", 2).await, Err(FenceError::Stale { highest: 4, .. })));
+}
+
+/// A write sent beside the fence (`try_join!(biased; fence, write)`) runs after
+/// it even on a connection whose statement cache is empty: the fence does not
+/// wait for its preparation. The write asks whether this transaction has
+/// already created, raised or locked the key's mark row; only the fence can have.
+#[tokio::test]
+async fn on_a_fresh_connection_the_fence_goes_out_before_a_write_beside_it() {
+    let Some(db) = TestDb::create().await else { return };
+    let fence = db.fence().await;
+    let touched_by_me = "SELECT xmin::text = me OR xmax::text = me FROM fencing_marks,
+        (SELECT (pg_current_xact_id()::text::bigint % 4294967296)::text AS me) AS this WHERE key = $1";
+    // The first use (the full statement), the same token again (the plain lock),
+    // a raise (the full statement): each on a new pool, so a new connection.
+    for (token, previous) in [(3, 0), (3, 3), (4, 3)] {
+        let pool = db.pool(PoolLimits { max_size: 1, ..PoolLimits::default() });
+        let mut client = pool.get().await.unwrap();
+        let tx = client.transaction().await.unwrap();
+        // Typed parameters: the write goes out at once too, with no round trip to prepare it.
+        let params: [(&(dyn ToSql + Sync), Type); 1] = [(&"/docs/fresh", Type::TEXT)];
+        let write = async { tx.query_typed(touched_by_me, &params).await.map_err(FenceError::from) };
+        let (fenced, rows) = tokio::try_join!(biased; fence.fence(&tx, "/docs/fresh", token), write).unwrap();
+        assert_eq!(fenced, Fenced { token, previous });
+        let seen: Vec<bool> = rows.iter().map(|row| row.get(0)).collect();
+        assert_eq!(seen, [true], "token {token} after {previous}: the write ran before the fence");
+        tx.commit().await.unwrap();
+    }
 }

@@ -1,19 +1,51 @@
-//! [`Running`]: a router served in a background task, and the way to stop it
-//! (the lock service's [`RunningService`](crate::RunningService), and
-//! demo-resource's servers).
+//! [`Served`]: a router to serve, in the foreground or in a background task;
+//! [`Running`]: one served in the background, and the way to stop it (the lock
+//! service's [`RunningService`](crate::RunningService), and demo-resource's servers).
 
+use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// What a [`Running`] server serves: told once the server has stopped, so that
-/// it can let go of what it holds.
+/// What a server serves: its routes, and what it lets go of once the server has
+/// stopped. The one way to serve them, in the foreground ([`serve`](Self::serve))
+/// or in a background task ([`spawn`](Self::spawn)), for the lock service and
+/// demo-resource's servers alike.
 pub trait Served {
+    /// The routes to serve.
+    fn router(&self) -> axum::Router;
+
     /// Called once, after the server stopped ([`Running::shutdown`], or the
     /// [`Running`] dropped without it). Does nothing unless implemented.
     fn stopped(&self) {}
+
+    /// Serves the [`router`](Self::router) on `listener` until `shutdown`
+    /// completes, then waits for open connections to finish (a binary's `main`).
+    fn serve<F>(
+        &self,
+        listener: TcpListener,
+        shutdown: F,
+    ) -> impl Future<Output = std::io::Result<()>> + Send + 'static
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).into_future()
+    }
+
+    /// Binds `addr` (`127.0.0.1:0` picks a free port) and serves the
+    /// [`router`](Self::router) in a background task ([`Running::start`]).
+    ///
+    /// # Errors
+    ///
+    /// The address cannot be bound.
+    fn spawn(self, addr: SocketAddr) -> impl Future<Output = std::io::Result<Running<Self>>> + Send
+    where
+        Self: Sized + Send,
+    {
+        Running::start(addr, self)
+    }
 }
 
 /// What [`start`](Self::start) started: the bound address, what it serves, and
@@ -27,23 +59,21 @@ pub struct Running<T: Served> {
 }
 
 impl<T: Served> Running<T> {
-    /// Binds `addr` (`127.0.0.1:0` picks a free port) and serves `router` in a
-    /// background task until stopped, then lets open requests finish.
+    /// Binds `addr` (`127.0.0.1:0` picks a free port) and serves `served`'s
+    /// [`router`](Served::router) in a background task until stopped, then lets
+    /// open requests finish.
     ///
     /// # Errors
     ///
     /// The address cannot be bound.
-    pub async fn start(addr: SocketAddr, served: T, router: axum::Router) -> std::io::Result<Self> {
+    pub async fn start(addr: SocketAddr, served: T) -> std::io::Result<Self> {
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async {
-                    let _ = stopped.await;
-                })
-                .await
+        let serving = served.serve(listener, async move {
+            let _ = stopped.await;
         });
+        let task = tokio::spawn(serving);
         Ok(Self { addr, served, stop: Some(stop), task })
     }
 

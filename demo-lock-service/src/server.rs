@@ -16,30 +16,33 @@ impl LockService {
     }
 
     /// Serves the routes on `listener` until `shutdown` completes, then waits for
-    /// open connections to finish.
+    /// open connections to finish ([`Served::serve`]).
     pub async fn serve<F>(&self, listener: TcpListener, shutdown: F) -> std::io::Result<()>
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await
+        Served::serve(self, listener, shutdown).await
     }
 
     /// Binds `addr` (use `127.0.0.1:0` for a free port) and serves in a background
     /// task. Once the returned [`RunningService`] is shut down (or dropped), the
     /// store is closed and the data directory can be opened again.
     pub async fn spawn(self, addr: SocketAddr) -> std::io::Result<RunningService> {
-        let router = self.router();
-        let running = Running::start(addr, self, router).await?;
+        let running = Running::start(addr, self).await?;
         tracing::info!(addr = %running.addr(), "lock service listening");
         Ok(running)
     }
 }
 
-/// Once its server has stopped, the service closes its store
+/// Its routes; once its server has stopped, the service closes its store
 /// ([`LockService::close`]): the data directory can be opened again at once.
 /// Dropped without a shutdown, requests still in flight on open connections
 /// then fail with 503.
 impl Served for LockService {
+    fn router(&self) -> axum::Router {
+        LockService::router(self)
+    }
+
     fn stopped(&self) {
         self.close();
     }

@@ -56,6 +56,7 @@ use job::{Job, Pause};
 use record::{Record, TempDb};
 pub use report::{Attempt, Instance, Prediction, Report, Round, Stopped, predict};
 
+use crate::Served;
 use crate::failure::{Failure, STEP_BOUND, bounded, fail};
 use crate::payments::Provider;
 use crate::scenario::Holder;

@@ -75,7 +75,7 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
-//! use demo_resource::{Config, Resource};
+//! use demo_resource::{Config, Resource, Served};
 //!
 //! let resource = Resource::open(Config::durable("/tmp/resource"))?;
 //! let running = resource.spawn("127.0.0.1:0".parse()?).await?;
@@ -567,33 +567,17 @@ impl Resource {
     pub fn finish_delays(&self) {
         self.app.delays.send_modify(|epoch| *epoch += 1);
     }
-
-    /// Serves on `listener` until `shutdown` completes, then finishes open requests.
-    ///
-    /// # Errors
-    ///
-    /// Accepting connections failed.
-    pub async fn serve<F>(&self, listener: TcpListener, shutdown: F) -> std::io::Result<()>
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        axum::serve(listener, self.router()).with_graceful_shutdown(shutdown).await
-    }
-
-    /// Binds `addr` (`127.0.0.1:0` picks a free port) and serves in a background task.
-    ///
-    /// # Errors
-    ///
-    /// The address cannot be bound.
-    pub async fn spawn(self, addr: SocketAddr) -> std::io::Result<RunningResource> {
-        let router = self.router();
-        Running::start(addr, self, router).await
-    }
 }
 
-/// A resource started by [`Resource::spawn`]. Dropping it stops the server
+/// A resource started by [`Served::spawn`]. Dropping it stops the server
 /// without waiting; [`shutdown`](Running::shutdown) waits.
 pub type RunningResource = Running<Resource>;
 
-/// Nothing more to do once its server has stopped.
-impl Served for Resource {}
+/// Its [`router`](Resource::router), in the foreground ([`Served::serve`]) or in
+/// a background task ([`Served::spawn`]); nothing more to do once its server
+/// has stopped.
+impl Served for Resource {
+    fn router(&self) -> axum::Router {
+        Resource::router(self)
+    }
+}

@@ -47,7 +47,7 @@ use std::process::ExitCode;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use demo_lock_service::shutdown_signal;
 use demo_resource::timeline::Timeline;
-use demo_resource::{Config, ResetError, Resource, StoppedMarks, Storage, billing, scenario};
+use demo_resource::{Config, ResetError, Resource, Served, StoppedMarks, Storage, billing, scenario};
 use fencing_layer::verify::ProofPublicKey;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -480,8 +480,7 @@ async fn payments(args: PaymentsArgs) -> Result<(), Box<dyn std::error::Error>> 
     let addr = listener.local_addr()?;
     tracing::info!(%addr, pid = std::process::id(), "payment provider stand-in listening");
     println!("listening on {addr}");
-    let router = demo_resource::payments::Provider::default().router();
-    axum::serve(listener, router).with_graceful_shutdown(shutdown_signal()).await?;
+    demo_resource::payments::Provider::default().serve(listener, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -41,7 +41,6 @@
 mod ledger;
 mod routes;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::{Running, Served};
@@ -105,20 +104,16 @@ impl Provider {
     pub fn router(&self) -> axum::Router {
         routes::router(self.ledger.clone())
     }
-
-    /// Binds `addr` (`127.0.0.1:0` picks a free port) and serves in a background task.
-    ///
-    /// # Errors
-    ///
-    /// The address cannot be bound.
-    pub async fn spawn(self, addr: SocketAddr) -> std::io::Result<RunningProvider> {
-        let router = self.router();
-        Running::start(addr, self, router).await
-    }
 }
 
-/// A provider started by [`Provider::spawn`]; dropping it stops the server.
+/// A provider started by [`Served::spawn`]; dropping it stops the server.
 pub type RunningProvider = Running<Provider>;
 
-/// Nothing more to do once its server has stopped.
-impl Served for Provider {}
+/// Its [`router`](Provider::router), in the foreground ([`Served::serve`]) or in
+/// a background task ([`Served::spawn`]); nothing more to do once its server
+/// has stopped.
+impl Served for Provider {
+    fn router(&self) -> axum::Router {
+        Provider::router(self)
+    }
+}

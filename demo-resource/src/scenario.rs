@@ -37,7 +37,7 @@ use fencing_client::{
 use serde_json::Value;
 
 use crate::failure::{Failure, STEP_BOUND, bounded, fail};
-use crate::{Config, Entry, MAX_DELAY_MS, Resource, RunningResource};
+use crate::{Config, Entry, MAX_DELAY_MS, Resource, RunningResource, Served};
 use record::Recorder;
 pub use record::{Happening, Holder, Recorded, Round};
 

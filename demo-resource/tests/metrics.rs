@@ -1,7 +1,7 @@
 //! `GET /metrics` on a real server: a stale write, then a scrape. The only test
 //! in this binary, because it installs the process's global recorder.
 
-use demo_resource::{Config, Resource};
+use demo_resource::{Config, Resource, Served};
 use reqwest::StatusCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

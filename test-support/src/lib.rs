@@ -3,8 +3,9 @@
 //! throwaway database on the shared PostgreSQL and a PostgreSQL server of the
 //! test's own (`TestDb`, `OwnPg`: feature `postgres`), TCP proxies that can stop
 //! answering ([`Proxy`]) or stall and sever ([`StallProxy`]), the workspace's
-//! own server binaries as child processes ([`ChildServer`]), and Prometheus's
-//! tools ([`prometheus_tool`], [`promtool`]).
+//! own server binaries as child processes ([`ChildServer`]), Prometheus's
+//! tools ([`prometheus_tool`], [`promtool`]), and the token parser's oracle
+//! ([`canonical_token`]).
 //!
 //! A dev-dependency only (`publish = false`). Every server lives in a temporary
 //! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle
@@ -29,6 +30,7 @@ mod redis;
 mod stall;
 #[cfg(feature = "postgres")]
 mod testdb;
+mod token;
 mod zookeeper;
 
 use std::io::Write;
@@ -44,6 +46,7 @@ pub use redis::Redis;
 pub use stall::StallProxy;
 #[cfg(feature = "postgres")]
 pub use testdb::{BOUND, TestDb};
+pub use token::canonical_token;
 pub use zookeeper::ZooKeeper;
 
 /// `None` after a loud SKIPPED line, unless `CI=true`: then the test fails, since

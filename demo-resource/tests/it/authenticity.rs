@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use demo_resource::{Config, Resource, RunningResource, proof_verifier};
+use demo_resource::{Config, Resource, RunningResource, Served, proof_verifier};
 use fencing_layer::verify::{ProofSigner, Raise, TokenVerifier, Verification, verify_fn};
 use reqwest::{Client, Method};
 use test_support::TestDb;

@@ -18,16 +18,8 @@ use fencing_layer::{FencingToken, TokenError};
 use http_body_util::BodyExt;
 use proptest::prelude::*;
 use serde_json::Value;
+use test_support::canonical_token;
 use tower::ServiceExt;
-
-/// The contract's definition of a valid token, written independently of the parser.
-fn oracle(bytes: &[u8]) -> Option<u64> {
-    let text = std::str::from_utf8(bytes).ok()?;
-    let canonical = !text.is_empty()
-        && text.bytes().all(|b| b.is_ascii_digit())
-        && (text.len() == 1 || !text.starts_with('0'));
-    canonical.then(|| text.parse::<u64>().ok()).flatten()
-}
 
 fn token_bytes() -> impl Strategy<Value = Vec<u8>> {
     prop_oneof![
@@ -46,7 +38,7 @@ proptest! {
     #[test]
     fn token_parser_agrees_with_the_contract(bytes in token_bytes()) {
         let parsed = FencingToken::parse_bytes(&bytes);
-        prop_assert_eq!(parsed.as_ref().ok().map(|t| t.get()), oracle(&bytes), "{:?}", bytes);
+        prop_assert_eq!(parsed.as_ref().ok().map(|t| t.get()), canonical_token(&bytes), "{:?}", bytes);
         if bytes.is_empty() {
             prop_assert_eq!(parsed, Err(TokenError::Empty));
         }
@@ -70,7 +62,7 @@ proptest! {
         let read = FencingToken::from_header_values(headers.get_all(&name));
         match values.as_slice() {
             [] => prop_assert_eq!(read, Ok(None)),
-            [one] => prop_assert_eq!(read.map(|t| t.map(FencingToken::get)).ok(), oracle(one.as_bytes()).map(Some)),
+            [one] => prop_assert_eq!(read.map(|t| t.map(FencingToken::get)).ok(), canonical_token(one.as_bytes()).map(Some)),
             _ => prop_assert_eq!(read, Err(TokenError::Repeated)),
         }
     }

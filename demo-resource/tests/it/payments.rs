@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use axum::body::Body;
+use demo_resource::Served;
 use demo_resource::payments::{Provider, ProviderConfig, RunningProvider};
 use proptest::prelude::*;
 use reqwest::StatusCode;

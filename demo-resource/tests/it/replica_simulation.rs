@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use demo_lock_service::LockService;
-use demo_resource::{Config, Resource, Storage};
+use demo_resource::{Config, Resource, Served, Storage};
 use fencing_layer::claims::ClaimTiming;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

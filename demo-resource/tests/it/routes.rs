@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use demo_resource::{Config, MAX_BODY_BYTES, Resource, RunningResource};
+use demo_resource::{Config, MAX_BODY_BYTES, Resource, RunningResource, Served};
 use reqwest::{Client, Method};
 use serde_json::json;
 use test_support::TestDb;

@@ -90,7 +90,7 @@ impl<B> KeyExtractor<B> for PathKey {
     fn extract<'r>(&self, request: &'r Request<B>) -> Option<Cow<'r, str>> {
         let path = full_path(request);
         // Most paths have no escapes: borrow them as they are (a URI path is already UTF-8).
-        if !path.as_bytes().contains(&b'%') {
+        if !has_percent(path.as_bytes()) {
             return Some(Cow::Borrowed(path));
         }
         percent_decode_str(path).decode_utf8().ok()
@@ -99,6 +99,32 @@ impl<B> KeyExtractor<B> for PathKey {
     fn missing(&self, _request: &Request<B>) -> Cow<'static, str> {
         Cow::Borrowed("the path does not percent-decode to UTF-8")
     }
+}
+
+/// Whether `bytes` holds a `%`, eight bytes at a time where `contains` would
+/// compare byte by byte: the first eight, the last eight (overlapping them for a
+/// path shorter than 16) and the whole words between. Every fenced request asks it
+/// of its path.
+#[inline(always)]
+fn has_percent(bytes: &[u8]) -> bool {
+    let (Some(first), Some(last)) = (bytes.first_chunk::<8>(), bytes.last_chunk::<8>()) else {
+        return bytes.contains(&b'%');
+    };
+    // After the first word, whatever the whole words leave over is within the last one.
+    has_percent_word(first)
+        || has_percent_word(last)
+        || bytes[8..].as_chunks::<8>().0.iter().any(has_percent_word)
+}
+
+/// Whether one of the eight bytes is a `%`: XOR turns a `%` into a zero byte, and
+/// `(x - 0x01…) & !x & 0x80…` is non-zero exactly when `x` has a zero byte.
+#[inline(always)]
+fn has_percent_word(word: &[u8; 8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    const PERCENTS: u64 = u64::from_ne_bytes([b'%'; 8]);
+    let x = u64::from_ne_bytes(*word) ^ PERCENTS;
+    x.wrapping_sub(ONES) & !x & HIGH != 0
 }
 
 /// The request's path as the client sent it: axum's nested routers strip their
@@ -206,6 +232,22 @@ mod tests {
         assert_eq!(PathKey.extract(&request("/logs/a%62")).as_deref(), Some("/logs/ab"));
         assert!(matches!(PathKey.extract(&request("/logs/ab")), Some(Cow::Borrowed(_))));
         assert_eq!(PathKey.extract(&request("/logs/%ff")), None);
+    }
+
+    #[test]
+    fn has_percent_finds_it_at_every_place_in_paths_of_every_length() {
+        for len in 0..40 {
+            let plain = vec![b'a'; len];
+            assert!(!has_percent(&plain), "length {len}");
+            // Bytes next to `%` in value, which a sloppy zero-byte test could take for it.
+            let near: Vec<u8> = (0..len).map(|i| [b'$', b'&', 0xa5, b'e'][i % 4]).collect();
+            assert!(!has_percent(&near), "length {len}");
+            for at in 0..len {
+                let mut with = plain.clone();
+                with[at] = b'%';
+                assert!(has_percent(&with), "length {len}, at {at}");
+            }
+        }
     }
 
     #[test]

@@ -198,6 +198,15 @@ fn take_readied<S: Clone>(inner: &mut S) -> S {
 /// Logs an admission; returns the key to keep when the cancel policy watches in-flight requests.
 #[inline(always)]
 fn key_to_watch(config: &Config, key: Cow<'_, str>, token: FencingToken) -> Option<String> {
-    tracing::debug!(key = ?key, token = token.get(), "fenced request admitted");
+    // Only the level is checked here; the event itself is out of line.
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        log_admitted(&key, token);
+    }
     config.watches_in_flight().then(|| key.into_owned())
+}
+
+#[cold]
+#[inline(never)]
+fn log_admitted(key: &str, token: FencingToken) {
+    tracing::debug!(key = ?key, token = token.get(), "fenced request admitted");
 }

@@ -295,38 +295,65 @@ where
 {
     type Output = Result<Response<ResBody>, S::Error>;
 
+    // Inlined into the caller's poll (axum's `Map`), like `Fencing::call` into its caller's call.
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut kind = self.project().kind;
-        loop {
-            let step = match kind.as_mut().project() {
-                KindProj::Inside { future, .. } => {
-                    // Polled straight into the return slot: the response is not copied around.
-                    let poll = future.poll(cx);
-                    if poll.is_ready() {
-                        // Leave the inner service as soon as it is done, not when this future is dropped.
-                        kind.set(Kind::Finished);
-                    }
-                    return poll;
-                }
-                KindProj::SharedInside { future, place } => ready!(claimed::poll_inside(future, place, cx)),
-                KindProj::Watched { future, watch } => ready!(watched::poll(future, watch.as_mut(), cx)),
-                KindProj::Admitting { waiting } => ready!(admitting::poll(waiting.as_mut(), cx)),
-                KindProj::SharedAdmitting { waiting } => {
-                    ready!(claimed::poll_admitting(waiting.as_mut(), cx))
-                }
-                KindProj::Rejected { rejection, grpc, settings } => {
-                    let rejection = rejection.take().expect("ResponseFuture polled after completion");
-                    Step::Done(Ok(settings.answer(rejection, *grpc)))
-                }
-                KindProj::Finished => panic!("ResponseFuture polled after completion"),
-            };
-            match step {
-                Step::Next(next) => kind.set(next),
-                Step::Done(output) => {
-                    // Drops the inner future, if any, before the place it held.
-                    kind.set(Kind::Finished);
-                    return Poll::Ready(output);
-                }
+        // The hot path, in a frame of its own: the other states' steps, out of line,
+        // would give it their stack frame and saved registers on every poll.
+        if let KindProj::Inside { future, .. } = kind.as_mut().project() {
+            return leave_when_ready(future.poll(cx), kind);
+        }
+        poll_states(kind, cx)
+    }
+}
+
+/// The `Inside` state's inner future, polled straight into the return slot: when
+/// it is done, the request leaves the inner service at once, not when this future
+/// is dropped.
+#[inline(always)]
+fn leave_when_ready<S, B, E, R, T>(poll: Poll<T>, mut kind: Pin<&mut Kind<S, B, E, R>>) -> Poll<T>
+where
+    S: Service<Request<B>>,
+{
+    if poll.is_ready() {
+        kind.set(Kind::Finished);
+    }
+    poll
+}
+
+/// The steps of a future polled in any state but `Inside` (which it may reach
+/// here, after a wait), until one answers or has to wait.
+#[inline(never)]
+fn poll_states<S, B, E, R, ResBody>(
+    mut kind: Pin<&mut Kind<S, B, E, R>>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<Response<ResBody>, S::Error>>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    R: RejectionResponder<ResBody>,
+{
+    loop {
+        let step = match kind.as_mut().project() {
+            KindProj::Inside { future, .. } => return leave_when_ready(future.poll(cx), kind),
+            KindProj::SharedInside { future, place } => ready!(claimed::poll_inside(future, place, cx)),
+            KindProj::Watched { future, watch } => ready!(watched::poll(future, watch.as_mut(), cx)),
+            KindProj::Admitting { waiting } => ready!(admitting::poll(waiting.as_mut(), cx)),
+            KindProj::SharedAdmitting { waiting } => {
+                ready!(claimed::poll_admitting(waiting.as_mut(), cx))
+            }
+            KindProj::Rejected { rejection, grpc, settings } => {
+                let rejection = rejection.take().expect("ResponseFuture polled after completion");
+                Step::Done(Ok(settings.answer(rejection, *grpc)))
+            }
+            KindProj::Finished => panic!("ResponseFuture polled after completion"),
+        };
+        match step {
+            Step::Next(next) => kind.set(next),
+            Step::Done(output) => {
+                // Drops the inner future, if any, before the place it held.
+                kind.set(Kind::Finished);
+                return Poll::Ready(output);
             }
         }
     }

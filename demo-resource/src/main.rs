@@ -316,6 +316,8 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
     let storage = match &config.storage {
         Storage::Dir(dir) => format!("{}", dir.display()),
         Storage::InMemory => "in memory".to_owned(),
+        // `--no-fencing`: the same tables, nothing fenced.
+        Storage::Postgres { .. } if !config.fencing => "postgres".to_owned(),
         Storage::Postgres { shared_marks: true, .. } => "postgres, shared marks (replica claims)".to_owned(),
         Storage::Postgres { fence_in_transaction: true, .. } => {
             "postgres, fenced in each transaction".to_owned()

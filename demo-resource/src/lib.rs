@@ -437,7 +437,11 @@ impl Resource {
             true => {
                 let session = config.claims_session_url.as_deref().unwrap_or(url);
                 let timing = config.claim_timing.unwrap_or_default();
-                Some(data.shared_store(session, timing).map_err(|e| OpenError(format!("postgres: {e}")))?)
+                let store =
+                    data.shared_store(session, timing).map_err(|e| OpenError(format!("postgres: {e}")))?;
+                // A replica whose claims could never be renewed refuses to start.
+                store.ready().await.map_err(|e| OpenError(format!("postgres: {e}")))?;
+                Some(store)
             }
             false => None,
         };

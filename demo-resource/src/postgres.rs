@@ -122,7 +122,8 @@ impl PgData {
         timing: ClaimTiming,
     ) -> Result<fencing_postgres::PgSharedStore, String> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| format!("bad URL: {e}"))?;
-        Ok(fencing_postgres::PgSharedStore::with_timing(self.pool.clone(), config, PgFence::new(), timing))
+        fencing_postgres::PgSharedStore::with_timing(self.pool.clone(), config, PgFence::new(), timing)
+            .map_err(|e| e.to_string())
     }
 
     /// Runs `statement` in a transaction of its own: begin, fence `resource`

@@ -13,12 +13,25 @@
 //!   takes a fresh snapshot after the locks before it, so it sees every claim
 //!   committed by a grant that held the mark row before; and no claim below the
 //!   mark can be granted while this transaction holds it.
-//! - **Renew**: one statement on the replica's own session, extending only rows
-//!   still live (`expires_at > clock_timestamp()`), after locking them in key
-//!   order (so renewals and grants never deadlock: a grant locks one key's rows).
-//! - **Release**: one statement deleting the row of one grant, and `NOTIFY`.
+//! - **Renew**: on the replica's own session, two statements. The first
+//!   extends only rows still live (`expires_at > clock_timestamp()`), locking
+//!   them `FOR UPDATE SKIP LOCKED`: a row another transaction holds (a grant
+//!   looking at it, an operator) is skipped, never waited on, and one bad row
+//!   costs one claim, not all. It answers one small row, so nothing large is
+//!   sent while its locks are held: a connection that stalls after it holds up
+//!   no raise. The second reads, without locks, which asked-for claims are
+//!   live, which were extended (an expiry at or past the first statement's
+//!   start plus the term) and which keys' marks are above the claim.
+//! - **Release**: one statement deleting the row of one grant, and `NOTIFY`,
+//!   within `lock_timeout` and a bounded wait for a pooled connection.
+//! - **Read marks**: a raise heard (`NOTIFY` is a hint: any role that can
+//!   connect can send one on the channel, no privilege needed) is checked by
+//!   reading the key's mark on the session.
+//! - **Sweep**: now and then, up to 10,000 expired claims (any replica's) are
+//!   deleted, skipping rows that are locked.
 //! - **Session**: a connection of its own (outside the pool), which `LISTEN`s
-//!   for raises and releases and runs the renewals.
+//!   for raises and releases and runs the renewals, reads and sweeps, each
+//!   statement bounded by `statement_timeout` (5 s).
 //!
 //! Every wait on a lock is bounded by `lock_timeout` (1 s); running out means
 //! "look again later", never "held". Nothing stays open between statements, so
@@ -31,18 +44,25 @@ use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use fencing_layer::claims::{
-    BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, Renewed,
+    BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, EVENTS,
+    Renewal,
 };
 use fencing_layer::store::StoreError;
-use tokio::sync::mpsc;
+use tokio::sync::broadcast;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
-use crate::fence::{PgFence, WAY_TRANSACTION, from_wire, to_wire};
+use crate::fence::{MAX_KEY_BYTES, PgFence, WAY_TRANSACTION, from_wire, to_wire};
 
 /// How long any claim statement waits for a row lock.
 const LOCK_TIMEOUT: &str = "1s";
+
+/// How long a statement on the background session may run, at most.
+const STATEMENT_TIMEOUT: &str = "5s";
+
+/// How long a release waits for a pooled connection.
+const RELEASE_POOL_WAIT: Duration = Duration::from_secs(1);
 
 type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
 
@@ -140,20 +160,26 @@ impl PgClaims {
     }
 
     async fn release(self, key: String, replica: String, grant: u64) -> Result<(), StoreError> {
-        let client = self.pool.get().await.map_err(StoreError::log)?;
+        // The pool's own wait may be longer than a release is worth.
+        let client = tokio::time::timeout(RELEASE_POOL_WAIT, self.pool.get())
+            .await
+            .map_err(|_| StoreError::Timeout(RELEASE_POOL_WAIT))?
+            .map_err(StoreError::log)?;
         let grant = i64::try_from(grant).map_err(StoreError::log)?;
         let params: Params<'_> = &[(&key, Type::TEXT), (&replica, Type::TEXT), (&grant, Type::INT8)];
-        let (begun, released, committed) = tokio::join!(
+        let bound = format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'");
+        let (begun, bounded, released, committed) = tokio::join!(
             client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
+            client.batch_execute(&bound),
             client.query_typed(&self.fence.claims_sql().release, params),
             client.batch_execute("COMMIT"),
         );
-        begun.and(released.map(drop)).and(committed).map_err(StoreError::log)
+        begun.and(bounded).and(released.map(drop)).and(committed).map_err(StoreError::log)
     }
 
     async fn open(self) -> Result<ClaimSession, StoreError> {
         let (client, mut connection) = self.config.connect(NoTls).await.map_err(StoreError::log)?;
-        let (sender, events) = mpsc::unbounded_channel();
+        let (sender, events) = broadcast::channel(EVENTS);
         // The connection is driven here, so that notifications reach `events`;
         // when it ends, `sender` drops and the keeper opens another session.
         tokio::spawn(async move {
@@ -161,6 +187,7 @@ impl PgClaims {
                 loop {
                     match connection.poll_message(cx) {
                         Poll::Ready(Some(Ok(AsyncMessage::Notification(note)))) => {
+                            // A full channel drops the oldest: the keeper then reads every mark.
                             if let Some(event) = parse(note.payload()) {
                                 let _ = sender.send(event);
                             }
@@ -182,6 +209,7 @@ impl PgClaims {
             .batch_execute(&format!(
                 "SET default_transaction_isolation = 'read committed';
                  SET lock_timeout = '{LOCK_TIMEOUT}';
+                 SET statement_timeout = '{STATEMENT_TIMEOUT}';
                  LISTEN {channel}"
             ))
             .await
@@ -217,39 +245,84 @@ impl ClaimRenewer for Renewer {
         replica: &str,
         held: Vec<(String, u64)>,
         term: Duration,
-    ) -> BoxFuture<'static, Result<Vec<Renewed>, StoreError>> {
+    ) -> BoxFuture<'static, Result<Renewal, StoreError>> {
         let (client, fence, replica) = (Arc::clone(&self.client), self.fence.clone(), replica.to_owned());
         Box::pin(async move {
             let (keys, grants): (Vec<String>, Vec<i64>) =
                 held.into_iter().map(|(key, grant)| (key, i64::try_from(grant).unwrap_or(i64::MAX))).unzip();
             let seconds = term.as_secs_f64();
-            let params: Params<'_> = &[
+            let sql = fence.claims_sql();
+            let asked: Params<'_> = &[
                 (&replica, Type::TEXT),
                 (&keys, Type::TEXT_ARRAY),
                 (&grants, Type::INT8_ARRAY),
                 (&seconds, Type::FLOAT8),
             ];
+            // First extend (it commits before anything else is sent back), then
+            // read what stands, without locks.
+            let row = client.query_typed(&sql.renew, asked).await.map_err(StoreError::log)?;
+            let threshold: f64 =
+                row.first().map(|row| row.try_get(1)).transpose().map_err(StoreError::log)?.unwrap_or(0.0);
+            let read: Params<'_> = &[
+                (&replica, Type::TEXT),
+                (&keys, Type::TEXT_ARRAY),
+                (&grants, Type::INT8_ARRAY),
+                (&threshold, Type::FLOAT8),
+            ];
+            let rows = client.query_typed(&sql.renewed, read).await.map_err(StoreError::log)?;
+            let mut renewal = Renewal::default();
+            for row in rows {
+                // A row that does not read is left out: that one claim lapses, no other.
+                let Ok((grant, extended, mark)) = (|| {
+                    Ok::<_, tokio_postgres::Error>((
+                        row.try_get::<_, i64>(0)?,
+                        row.try_get::<_, bool>(1)?,
+                        row.try_get::<_, Option<i64>>(2)?,
+                    ))
+                })() else {
+                    continue;
+                };
+                let grant = u64::try_from(grant).unwrap_or(0);
+                if extended {
+                    renewal.extended.push(grant)
+                } else {
+                    renewal.busy.push(grant)
+                }
+                if let Some(mark) = mark {
+                    renewal.raised.push((grant, from_wire(mark)));
+                }
+            }
+            Ok(renewal)
+        })
+    }
+
+    fn read_marks(&self, keys: Vec<String>) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>> {
+        let (client, fence) = (Arc::clone(&self.client), self.fence.clone());
+        Box::pin(async move {
+            let params: Params<'_> = &[(&keys, Type::TEXT_ARRAY)];
             let rows =
-                client.query_typed(&fence.claims_sql().renew, params).await.map_err(StoreError::log)?;
+                client.query_typed(&fence.claims_sql().read_marks, params).await.map_err(StoreError::log)?;
             rows.into_iter()
-                .map(|row| {
-                    Ok(Renewed {
-                        key: row.try_get(0)?,
-                        grant: u64::try_from(row.try_get::<_, i64>(1)?).unwrap_or(0),
-                        token: from_wire(row.try_get(2)?),
-                        mark: from_wire(row.try_get(3)?),
-                    })
-                })
+                .map(|row| Ok((row.try_get(0)?, from_wire(row.try_get(1)?))))
                 .collect::<Result<_, tokio_postgres::Error>>()
                 .map_err(StoreError::log)
         })
     }
+
+    fn sweep(&self) -> BoxFuture<'static, Result<u64, StoreError>> {
+        let (client, fence) = (Arc::clone(&self.client), self.fence.clone());
+        Box::pin(async move { client.execute(&fence.claims_sql().sweep, &[]).await.map_err(StoreError::log) })
+    }
 }
 
-/// `r <token> <key>` (a raise) or `l <token> <key>` (a release).
+/// `r <token> <key>` (a raise) or `l <token> <key>` (a release). A key longer
+/// than any claim's is nobody's: dropped, so a forged flood costs no memory.
 fn parse(payload: &str) -> Option<ClaimEvent> {
     let (kind, rest) = payload.split_once(' ')?;
     let (token, key) = rest.split_once(' ')?;
+    if key.len() > MAX_KEY_BYTES {
+        return None;
+    }
     let (key, token) = (key.to_owned(), token.parse().ok()?);
     match kind {
         "r" => Some(ClaimEvent::Raised { key, token }),
@@ -281,5 +354,7 @@ mod tests {
         assert_eq!(parse("x 1 k"), None);
         assert_eq!(parse("r -1 k"), None);
         assert_eq!(parse("r 1"), None);
+        assert_eq!(parse(&format!("r 1 {}", "k".repeat(1025))), None);
+        assert!(parse(&format!("r 1 {}", "k".repeat(1024))).is_some());
     }
 }

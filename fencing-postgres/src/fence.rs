@@ -42,6 +42,9 @@ struct Statements {
     claims: ClaimStatements,
 }
 
+/// Most expired claims one sweep deletes.
+const SWEEP_ROWS: u32 = 10_000;
+
 /// The shared store's statements (`claims.rs` says why they are these).
 #[derive(Debug, Default)]
 pub(crate) struct ClaimStatements {
@@ -61,9 +64,17 @@ pub(crate) struct ClaimStatements {
     pub(crate) grant: String,
     /// `($1 key, $2 replica, $3 grant)`: deletes the claim and announces it (`l <token> <key>`).
     pub(crate) release: String,
-    /// `($1 replica, $2 keys, $3 grants, $4 term seconds)` → `(key, grant, token, mark)`
-    /// of every claim renewed.
+    /// `($1 replica, $2 keys, $3 grants, $4 term seconds)` → `(renewed, threshold)`:
+    /// extends the live claims whose rows are free; a row extended by it
+    /// expires at or after `threshold` (seconds since the epoch).
     pub(crate) renew: String,
+    /// `($1 replica, $2 keys, $3 grants, $4 threshold)` → `(grant, extended, mark
+    /// if above the token)` of every claim asked for that is still live. Locks nothing.
+    pub(crate) renewed: String,
+    /// `($1 keys)` → `(key, mark)`: the marks of those keys that have one. Locks nothing.
+    pub(crate) read_marks: String,
+    /// Deletes up to [`SWEEP_ROWS`] expired claims, any replica's.
+    pub(crate) sweep: String,
 }
 
 /// What a successful [`PgFence::fence`] found: the mark now equals `token`.
@@ -224,20 +235,40 @@ impl PgFence {
                 "WITH gone AS (DELETE FROM {claims} WHERE key = $1 AND replica = $2 AND grant_id = $3 RETURNING token)
                  SELECT pg_notify('{channel}', 'l ' || token::text || ' ' || $1) FROM gone"
             ),
+            // Locks only rows nobody else holds (SKIP LOCKED: a busy row waits
+            // for the next renewal, it never fails the others), and returns one
+            // small row: nothing large is sent while the locks are held, so a
+            // connection that stalls after the statement holds up no raise.
             renew: format!(
                 "WITH held AS (SELECT * FROM unnest($2::text[], $3::int8[]) AS h(key, grant_id)),
                  locked AS (
                      SELECT c.key FROM {claims} c JOIN held h ON c.key = h.key AND c.grant_id = h.grant_id
-                     WHERE c.replica = $1 ORDER BY c.key FOR UPDATE OF c
+                     WHERE c.replica = $1 AND c.expires_at > clock_timestamp()
+                     FOR UPDATE OF c SKIP LOCKED
                  ),
                  renewed AS (
                      UPDATE {claims} c SET expires_at = clock_timestamp() + make_interval(secs => $4)
                      FROM locked l
                      WHERE c.key = l.key AND c.replica = $1 AND c.expires_at > clock_timestamp()
-                     RETURNING c.key, c.grant_id, c.token
+                     RETURNING 1
                  )
-                 SELECT r.key, r.grant_id, (r.token - {OFFSET})::int8, (m.mark - {OFFSET})::int8
-                 FROM renewed r JOIN {quoted} m ON m.key = r.key"
+                 SELECT count(*)::int8,
+                        EXTRACT(EPOCH FROM statement_timestamp() + make_interval(secs => $4))::float8
+                 FROM renewed"
+            ),
+            renewed: format!(
+                "WITH held AS (SELECT * FROM unnest($2::text[], $3::int8[]) AS h(key, grant_id))
+                 SELECT c.grant_id, c.expires_at >= to_timestamp($4),
+                        CASE WHEN m.mark > c.token THEN (m.mark - {OFFSET})::int8 END
+                 FROM held h JOIN {claims} c ON c.key = h.key AND c.replica = $1 AND c.grant_id = h.grant_id
+                 LEFT JOIN {quoted} m ON m.key = c.key
+                 WHERE c.expires_at > clock_timestamp()"
+            ),
+            read_marks: format!("SELECT key, (mark - {OFFSET})::int8 FROM {quoted} WHERE key = ANY($1::text[])"),
+            sweep: format!(
+                "DELETE FROM {claims} WHERE ctid = ANY(ARRAY(
+                     SELECT ctid FROM {claims} WHERE expires_at <= clock_timestamp()
+                     LIMIT {SWEEP_ROWS} FOR UPDATE SKIP LOCKED))"
             ),
             channel,
         };
@@ -247,6 +278,15 @@ impl PgFence {
             sql: Arc::new(Statements { table, migrate, lock, fence, claims: claims_sql }),
             known: Arc::default(),
         }
+    }
+
+    /// The channel on which the shared store's replicas announce raises and
+    /// releases (`NOTIFY`). It needs no privilege: any role that can connect
+    /// to the database can send on it, so replicas take what they hear as a
+    /// hint and read the mark from the table before acting on it.
+    #[must_use]
+    pub fn claims_channel(&self) -> &str {
+        &self.sql.claims.channel
     }
 
     /// The shared store's statements.

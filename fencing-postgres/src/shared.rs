@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use fencing_layer::claims::{ClaimStore, ClaimTiming};
+use fencing_layer::claims::{ClaimStore, ClaimTiming, ClaimTimingError};
 use fencing_layer::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
 
 use crate::claims::PgClaims;
@@ -40,19 +40,41 @@ impl PgSharedStore {
     /// the pool connects to), and the [default claim timing](ClaimTiming::default).
     #[must_use]
     pub fn new(pool: Pool, config: tokio_postgres::Config, fence: PgFence) -> Self {
-        Self::with_timing(pool, config, fence, ClaimTiming::default())
+        let backend = PgClaims::new(pool.clone(), config, fence.clone());
+        Self { claims: ClaimStore::new(backend), pool, fence }
     }
 
     /// As [`new`](Self::new), with `timing`.
-    #[must_use]
+    ///
+    /// # Errors
+    ///
+    /// A timing that cannot keep claims safely ([`ClaimTiming::check`]).
     pub fn with_timing(
         pool: Pool,
         config: tokio_postgres::Config,
         fence: PgFence,
         timing: ClaimTiming,
-    ) -> Self {
+    ) -> Result<Self, ClaimTimingError> {
         let backend = PgClaims::new(pool.clone(), config, fence.clone());
-        Self { claims: ClaimStore::with_timing(backend, timing), pool, fence }
+        Ok(Self { claims: ClaimStore::with_timing(backend, timing)?, pool, fence })
+    }
+
+    /// At most `limit` keys claimed by this replica at once ([`ClaimStore::max_keys`]).
+    #[must_use]
+    pub fn max_keys(mut self, limit: usize) -> Self {
+        self.claims = self.claims.max_keys(limit);
+        self
+    }
+
+    /// Opens the replica's background session and waits for it (see
+    /// [`ClaimStore::ready`]): call it at start-up, so that a session that
+    /// cannot open (a wrong `config`, say) is an error then, not 503s later.
+    ///
+    /// # Errors
+    ///
+    /// The session did not open within `renew_every + renew_timeout`.
+    pub async fn ready(&self) -> Result<(), fencing_layer::store::StoreError> {
+        self.claims.ready().await
     }
 
     /// Creates both tables if they do not exist ([`PgFence::migrate`]).

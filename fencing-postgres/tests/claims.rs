@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use common::replicas::{Probe, Replica};
 use common::stall::StallProxy;
-use common::{BOUND, Rng, TestDb};
+use common::{BOUND, Rng, TestDb, port_of, with_port};
 use fencing_layer::FencingLayer;
 use fencing_layer::claims::ClaimTiming;
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
@@ -27,31 +27,13 @@ fn short() -> ClaimTiming {
     ClaimTiming {
         term: Duration::from_secs(1),
         renew_every: Duration::from_millis(200),
+        renew_timeout: Duration::from_millis(200),
         margin: Duration::from_millis(200),
     }
 }
 
 fn drain(bound: Duration) -> FencingLayer {
     FencingLayer::new().drain_timeout(bound)
-}
-
-/// The position of `event` in the probe's order.
-fn at(probe: &Probe, event: (u64, u64, bool)) -> usize {
-    let events = probe.events();
-    events.iter().position(|e| *e == event).unwrap_or_else(|| panic!("{event:?} never happened: {events:?}"))
-}
-
-/// `config`'s database on 127.0.0.1:`port`, its sessions named `name` in `pg_stat_activity`.
-fn with_port(config: tokio_postgres::Config, port: u16, name: &str) -> tokio_postgres::Config {
-    let mut named = tokio_postgres::Config::new();
-    named.host("127.0.0.1").port(port).user(config.get_user().unwrap_or("postgres"));
-    named.dbname(config.get_dbname().unwrap_or("postgres")).application_name(name);
-    named.connect_timeout(Duration::from_secs(3));
-    named
-}
-
-fn port_of(config: &tokio_postgres::Config) -> u16 {
-    config.get_ports().first().copied().unwrap_or(5432)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -71,7 +53,7 @@ async fn a_handler_longer_than_the_term_keeps_its_claim_and_the_raise_waits() {
     probe.release(1);
     assert_eq!(slow.await.unwrap().0, 200, "the long handler was stopped though its claim was renewed");
     assert_eq!(raise.await.unwrap().0, 200);
-    assert!(at(&probe, (1, 1, false)) < at(&probe, (1, 2, true)));
+    assert!(probe.at((1, 1, false)) < probe.at((1, 2, true)));
     probe.assert_invariants();
 }
 
@@ -85,7 +67,7 @@ async fn a_stalled_replica_stops_its_requests_before_its_claim_expires() {
     let proxy = StallProxy::start(([127, 0, 0, 1], port_of(&db.config())).into()).await;
     let probe = Probe::default();
     let limits = PoolLimits { wait: Duration::from_millis(500), ..PoolLimits::default() };
-    let via_proxy = with_port(db.config(), proxy.addr.port(), "stalled");
+    let via_proxy = with_port(&db.config(), proxy.addr.port(), "stalled");
     let one = Arc::new(Replica::with_timing(&probe, via_proxy, drain(BOUND), limits, short()).await);
     let two = Arc::new(Replica::with_timing(&probe, db.config(), drain(BOUND), limits, short()).await);
     probe.hold(1);
@@ -100,7 +82,7 @@ async fn a_stalled_replica_stops_its_requests_before_its_claim_expires() {
     assert_eq!(problem["type"], "urn:fencing:problem:claim-lost");
     assert!(stopped_after < Duration::from_secs(1), "stopped only after {stopped_after:?}");
     assert_eq!(raise.await.unwrap().0, 200);
-    assert!(at(&probe, (1, 1, false)) < at(&probe, (1, 2, true)), "{:?}", probe.events());
+    assert!(probe.at((1, 1, false)) < probe.at((1, 2, true)), "{:?}", probe.events());
     probe.assert_invariants();
     proxy.resume();
 }
@@ -112,7 +94,7 @@ async fn a_stalled_replica_stops_its_requests_before_its_claim_expires() {
 async fn a_terminated_session_does_not_free_the_claim() {
     let Some(pg) = OwnPg::start() else { return };
     let probe = Probe::default();
-    let config = with_port(pg.config(), pg.port, "replica-one");
+    let config = with_port(&pg.config(), pg.port, "replica-one");
     let one =
         Arc::new(Replica::with_timing(&probe, config, drain(BOUND), PoolLimits::default(), short()).await);
     let two = Arc::new(
@@ -137,7 +119,7 @@ async fn a_terminated_session_does_not_free_the_claim() {
     probe.release(1);
     assert_eq!(held.await.unwrap().0, 200);
     assert_eq!(raise.await.unwrap().0, 200);
-    assert!(at(&probe, (1, 1, false)) < at(&probe, (1, 2, true)));
+    assert!(probe.at((1, 1, false)) < probe.at((1, 2, true)));
     probe.assert_invariants();
 }
 
@@ -202,7 +184,7 @@ async fn a_raise_storm_cut_off_by_its_clients_leaves_no_sessions_behind() {
     let Some(db) = TestDb::create().await else { return };
     let probe = Probe::default();
     let limits = PoolLimits { max_size: 4, ..PoolLimits::default() };
-    let config = with_port(db.config(), port_of(&db.config()), "storm");
+    let config = with_port(&db.config(), port_of(&db.config()), "storm");
     let one = Arc::new(Replica::with_timing(&probe, config, drain(BOUND), limits, short()).await);
     probe.hold(1);
     let held = one.spawn_post(1, 1);

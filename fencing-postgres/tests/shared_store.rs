@@ -136,7 +136,7 @@ async fn requests_inside_hold_no_connection_and_a_database_that_is_down_is_503()
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-    let down = Replica { url, server, store: None };
+    let down = Replica { url, server, store: None, stop: None };
     let before = probe.events().len();
     let (status, problem) = down.post(1, 9).await;
     assert_eq!(status, 503);

@@ -65,6 +65,7 @@ const SHARED_CLIENTS: usize = 6;
 const CLAIMS: ClaimTiming = ClaimTiming {
     term: Duration::from_secs(1),
     renew_every: Duration::from_millis(200),
+    renew_timeout: Duration::from_millis(200),
     margin: Duration::from_millis(200),
 };
 

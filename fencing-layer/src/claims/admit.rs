@@ -7,11 +7,12 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::claim::State;
 use super::{ClaimReply, ClaimRequest, Entered, Inner, POLL};
-use crate::store::{SharedPermit, SharedRefusal};
+use crate::store::{SharedPermit, SharedRefusal, StoreError};
 
 /// What this replica can tell about a token without the backend.
 enum Look {
@@ -37,7 +38,7 @@ pub(super) async fn admit(
     };
     loop {
         // Registered before looking, so a release or raise heard after the look wakes it.
-        let woken = Arc::clone(inner.stripe(&key)).notified_owned();
+        let mut woken = Arc::clone(inner.stripe(&key)).notified_owned();
         match look(&inner, &key, token) {
             Look::Entered(entered) => return admitted(entered, raised, waited),
             Look::Stale(highest) => return Err(SharedRefusal::Stale { highest }),
@@ -54,11 +55,20 @@ pub(super) async fn admit(
             }
             continue;
         };
+        if !inner.has_room_for(&key) {
+            let limit = inner.max_claims.load(std::sync::atomic::Ordering::Relaxed);
+            return Err(SharedRefusal::Unavailable(StoreError::KeyTableFull { limit }));
+        }
+        // A claim nobody can renew would only lapse: none goes out without a session.
+        let left = deadline.saturating_duration_since(Instant::now());
+        let timing = inner.timing;
+        inner
+            .session(left.min(timing.renew_every + timing.renew_timeout))
+            .await
+            .map_err(SharedRefusal::Unavailable)?;
         let grant = inner.next_grant();
-        let request =
-            ClaimRequest { replica: &inner.replica, key: &key, token, term: inner.timing.term, grant };
         let sent = inner.now();
-        let reply = inner.backend.claim(request).await.map_err(SharedRefusal::Unavailable)?;
+        let reply = ask(&inner, &key, token, grant).await.map_err(SharedRefusal::Unavailable)?;
         match reply {
             ClaimReply::Stale { mark } => {
                 inner.raised(&key, mark);
@@ -77,6 +87,9 @@ pub(super) async fn admit(
                 raised |= now_raised;
                 waited = true;
                 inner.raised(&key, token);
+                // That woke this key's waiters, this request among them: watch afresh,
+                // or it would claim again at once, in a loop of round trips.
+                woken = Arc::clone(inner.stripe(&key)).notified_owned();
                 let now = Instant::now();
                 if now >= deadline {
                     return Err(SharedRefusal::DrainTimeout);
@@ -91,6 +104,24 @@ pub(super) async fn admit(
             }
         }
     }
+}
+
+/// Sends the claim on a task of its own, so that a grant whose request went
+/// away meanwhile (its client left, its future was dropped) is released at
+/// once rather than blocking raises until it expires.
+async fn ask(inner: &Arc<Inner>, key: &str, token: u64, grant: u64) -> Result<ClaimReply, StoreError> {
+    let request = ClaimRequest { replica: &inner.replica, key, token, term: inner.timing.term, grant };
+    let reply = inner.backend.claim(request);
+    let (sender, receiver) = oneshot::channel();
+    let (backend, replica, key) = (Arc::clone(&inner.backend), inner.replica.clone(), key.to_owned());
+    tokio::spawn(async move {
+        if let Err(Ok(ClaimReply::Granted { .. })) = sender.send(reply.await)
+            && let Err(error) = backend.release(&replica, &key, grant).await
+        {
+            tracing::debug!(key, token, %error, "an abandoned grant's release failed; it will expire");
+        }
+    });
+    receiver.await.unwrap_or(Err(StoreError::Closed))
 }
 
 /// This replica's claim of `(key, token)` in flight; when it ends, however it

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::broadcast;
 
 use crate::store::StoreError;
 
@@ -60,20 +60,36 @@ pub enum ClaimReply {
     },
 }
 
-/// A claim the backend still holds after a renewal, with the key's mark then.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Renewed {
-    /// The resource key.
-    pub key: String,
-    /// The grant renewed.
-    pub grant: u64,
-    /// The claimed token.
-    pub token: u64,
-    /// The key's mark when the renewal ran: above `token` means a raise is waiting.
-    pub mark: u64,
+/// What a renewal found, by grant (a grant names one claim of the replica).
+/// Every grant asked for and in none of these lists is gone: the replica
+/// stops its requests.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Renewal {
+    /// Extended to `term` from the backend's now.
+    pub extended: Vec<u64>,
+    /// Still live but not extended this time, because its record was busy
+    /// (locked by another transaction): it keeps the expiry it had, and the
+    /// next renewal tries again. One busy record never fails the others.
+    pub busy: Vec<u64>,
+    /// `(grant, mark)` where the key's mark is above the claimed token: a
+    /// raise is waiting for this claim.
+    pub raised: Vec<(u64, u64)>,
 }
 
-/// Raises and releases announced by any replica.
+impl Renewal {
+    /// What a renewal found: the grants extended, the ones busy, and the
+    /// marks above the claimed token.
+    #[must_use]
+    pub fn new(extended: Vec<u64>, busy: Vec<u64>, raised: Vec<(u64, u64)>) -> Self {
+        Self { extended, busy, raised }
+    }
+}
+
+/// Raises and releases announced by any replica: hints, never facts. Anyone
+/// who can reach the channel can send one (in PostgreSQL, any role that can
+/// connect can `NOTIFY`), so a replica only reads the mark again on a raise
+/// and looks again on a release; what it reads decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ClaimEvent {
     /// `key`'s mark rose to `token`: claims below it should be released as soon as empty.
@@ -97,9 +113,15 @@ pub enum ClaimEvent {
 pub struct ClaimSession {
     /// Renews claims over this session.
     pub renewer: Box<dyn ClaimRenewer>,
-    /// Events from every replica, in the order the backend delivers them.
-    pub events: mpsc::UnboundedReceiver<ClaimEvent>,
+    /// Events from every replica, in the order the backend delivers them, in
+    /// a bounded channel ([`EVENTS`] of them): a flood only makes the replica
+    /// lag, which it answers by reading every claimed key's mark.
+    pub events: broadcast::Receiver<ClaimEvent>,
 }
+
+/// How many events a session's channel holds before the oldest are dropped
+/// (and the keeper reads every claimed key's mark instead).
+pub const EVENTS: usize = 256;
 
 impl std::fmt::Debug for ClaimSession {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -109,20 +131,31 @@ impl std::fmt::Debug for ClaimSession {
 
 /// Renews claims, over a [`ClaimSession`].
 pub trait ClaimRenewer: Send + Sync + 'static {
-    /// Extends every claim of `replica` in `held` (key, grant) that is still live by the
-    /// backend's clock to `term` from now (the backend's now), and returns those.
-    /// A claim that has expired must not be renewed: a raise may already have
-    /// gone past it.
+    /// Extends every claim of `replica` in `held` (key, grant) that is still
+    /// live by the backend's clock to `term` from now (the backend's now),
+    /// and says what it found ([`Renewal`]). A claim that has expired must not
+    /// be renewed: a raise may already have gone past it.
     ///
     /// Must exclude [`ClaimBackend::claim`]: a renewal that began while the
     /// claim was live and a grant that judged it expired cannot both succeed
-    /// (PostgreSQL: both lock the claim's row).
+    /// (PostgreSQL: both lock the claim's row). Must hold no lock past its own
+    /// statement (a stalled connection must not hold up raises), and must not
+    /// wait on a record another transaction holds: report it busy instead.
     fn renew(
         &self,
         replica: &str,
         held: Vec<(String, u64)>,
         term: Duration,
-    ) -> BoxFuture<'static, Result<Vec<Renewed>, StoreError>>;
+    ) -> BoxFuture<'static, Result<Renewal, StoreError>>;
+
+    /// The current marks of `keys` (those that have one), read from the
+    /// backend: how a replica checks what a notification claims.
+    fn read_marks(&self, keys: Vec<String>) -> BoxFuture<'static, Result<Vec<(String, u64)>, StoreError>>;
+
+    /// Deletes claims (any replica's) that have expired, some at a time, and
+    /// says how many. A replica that died leaves its claims behind; every
+    /// replica sweeps now and then.
+    fn sweep(&self) -> BoxFuture<'static, Result<u64, StoreError>>;
 }
 
 /// Marks and claims shared by every replica: the engine under a

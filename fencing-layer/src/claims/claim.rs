@@ -1,25 +1,9 @@
-//! One claim as this replica holds it: its token, who is inside, how long it
-//! is valid by this process's monotonic clock, and its state.
-//!
-//! ```text
-//!            raise heard          last one leaves
-//!   Valid ───────────────▶ Overtaken ─────────────▶ released (row deleted)
-//!     │  idle, nobody inside                              ▲
-//!     ├──────────────────▶ Releasing ─────────────────────┘
-//!     │  deadline passed, or a renewal found it gone
-//!     └──────────────────▶ Lost: everyone inside is stopped (503)
-//! ```
-//!
-//! Only `Valid` admits. Entering is "count in, then look at the state"; every
-//! transition out of `Valid` is "change the state, then look at the count".
-//! Both sides use sequentially consistent operations, so at least one of them
-//! sees the other (the store-buffer pattern): a request that saw `Valid` is
-//! counted by the time the release looks, and one counted too late sees the
-//! new state and leaves.
+//! One claim as this replica holds it: its key and token, its atomics
+//! (`cell.rs`: who is inside, how long it is valid, its state), and the
+//! wake-up that stops the requests inside when it is lost.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
@@ -27,167 +11,100 @@ use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
 use super::Inner;
-
-const VALID: u8 = 0;
-const OVERTAKEN: u8 = 1;
-const RELEASING: u8 = 2;
-const LOST: u8 = 3;
-
-/// A claim's state (see the module docs).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum State {
-    Valid,
-    Overtaken,
-    Releasing,
-    Lost,
-}
+pub(super) use super::cell::State;
+use super::cell::{ClaimCell, Then};
 
 pub(super) struct Claim {
     pub(super) key: String,
     pub(super) token: u64,
-    /// The grant whose row backs this claim (updated when a new grant extends it).
-    grant: AtomicU64,
-    inside: AtomicU64,
-    state: AtomicU8,
-    /// Valid until then: nanoseconds on the store's clock.
-    deadline: AtomicU64,
-    /// Set by every entry, cleared by the keeper's idle check.
-    touched: AtomicBool,
-    /// The token that overtook it, once one did.
-    overtaken_by: AtomicU64,
-    /// The release was started (once per claim).
-    releasing: AtomicBool,
+    cell: ClaimCell,
     lost: Arc<Notify>,
     store: Weak<Inner>,
 }
 
 impl Claim {
     pub(super) fn new(key: String, token: u64, grant: u64, deadline: u64, store: Weak<Inner>) -> Self {
-        Self {
-            key,
-            token,
-            grant: AtomicU64::new(grant),
-            inside: AtomicU64::new(0),
-            state: AtomicU8::new(VALID),
-            deadline: AtomicU64::new(deadline),
-            touched: AtomicBool::new(true),
-            overtaken_by: AtomicU64::new(0),
-            releasing: AtomicBool::new(false),
-            lost: Arc::new(Notify::new()),
-            store,
-        }
+        Self { key, token, cell: ClaimCell::new(grant, deadline), lost: Arc::new(Notify::new()), store }
     }
 
     pub(super) fn state(&self) -> State {
-        match self.state.load(SeqCst) {
-            VALID => State::Valid,
-            OVERTAKEN => State::Overtaken,
-            RELEASING => State::Releasing,
-            _ => State::Lost,
-        }
+        self.cell.state()
     }
 
     pub(super) fn grant(&self) -> u64 {
-        self.grant.load(SeqCst)
+        self.cell.grant()
     }
 
     pub(super) fn deadline(&self) -> u64 {
-        self.deadline.load(SeqCst)
+        self.cell.deadline()
     }
 
     pub(super) fn inside(&self) -> u64 {
-        self.inside.load(SeqCst)
+        self.cell.inside()
     }
 
     /// The token above this claim's that a raise brought, if one did.
     pub(super) fn overtaken_by(&self) -> Option<u64> {
-        Some(self.overtaken_by.load(SeqCst)).filter(|&by| by > self.token)
+        Some(self.cell.overtaken_by()).filter(|&by| by > self.token)
     }
 
     /// A new grant of the same token backs this claim until `deadline` (never shortened).
     pub(super) fn extend(&self, grant: u64, deadline: u64) {
-        self.grant.store(grant, SeqCst);
-        self.deadline.fetch_max(deadline, SeqCst);
+        if self.cell.extend(grant, deadline) == Then::Release {
+            self.release_row(grant);
+        }
     }
 
     /// A renewal of `grant` succeeded: valid until `deadline`.
     pub(super) fn renewed(&self, grant: u64, deadline: u64) {
-        if self.grant() == grant {
-            self.deadline.fetch_max(deadline, SeqCst);
-        }
+        self.cell.renewed(grant, deadline);
     }
 
-    /// Enters if the claim is valid at `now`: count in first, then look.
+    /// Enters if the claim is valid at `now`.
     #[inline]
     pub(super) fn try_enter(self: &Arc<Self>, now: u64) -> Option<Entered> {
-        self.inside.fetch_add(1, SeqCst);
         // Registered before the state is read, so a revocation after the read wakes it.
         let lost = Box::pin(Arc::clone(&self.lost).notified_owned());
-        if self.state.load(SeqCst) == VALID && now < self.deadline.load(SeqCst) {
-            if !self.touched.load(std::sync::atomic::Ordering::Relaxed) {
-                self.touched.store(true, std::sync::atomic::Ordering::Relaxed);
+        match self.cell.try_enter(now) {
+            Ok(()) => Some(Entered { claim: Arc::clone(self), lost }),
+            Err(then) => {
+                self.then(then);
+                None
             }
-            return Some(Entered { claim: Arc::clone(self), lost });
-        }
-        drop(lost);
-        self.leave();
-        None
-    }
-
-    fn leave(&self) {
-        if self.inside.fetch_sub(1, SeqCst) == 1 && self.state.load(SeqCst) != VALID {
-            self.release();
         }
     }
 
     /// A higher token raised the key's mark: admit nobody more, release once empty.
     pub(super) fn overtake(&self, by: u64) {
-        self.overtaken_by.fetch_max(by, SeqCst);
-        if self.state.compare_exchange(VALID, OVERTAKEN, SeqCst, SeqCst).is_ok()
-            && self.inside.load(SeqCst) == 0
-        {
-            self.release();
-        }
+        self.then(self.cell.overtake(by));
     }
 
     /// Releases the claim if nobody is inside and nobody entered since the
-    /// last call: true if it did.
-    pub(super) fn release_if_idle(&self) -> bool {
-        if self.touched.swap(false, SeqCst) || self.inside.load(SeqCst) > 0 {
-            return false;
-        }
-        if self.state.compare_exchange(VALID, RELEASING, SeqCst, SeqCst).is_err() {
-            return false;
-        }
-        if self.inside.load(SeqCst) > 0 {
-            // Someone entered between the two looks: they are inside, keep the claim.
-            if self.state.compare_exchange(RELEASING, VALID, SeqCst, SeqCst).is_ok() {
-                return false;
-            }
-        }
-        self.release();
-        true
+    /// last call.
+    pub(super) fn release_if_idle(&self) {
+        self.then(self.cell.release_if_idle());
     }
 
     /// The claim may no longer be relied on: stop everyone inside.
     pub(super) fn revoke(&self) {
-        if self.state.swap(LOST, SeqCst) != LOST {
+        let (first, then) = self.cell.revoke();
+        if first {
             self.lost.notify_waiters();
         }
-        // Its row goes only once everyone inside has been dropped (the last `leave`).
-        if self.inside.load(SeqCst) == 0 {
-            self.release();
+        self.then(then);
+    }
+
+    fn then(&self, then: Then) {
+        if then == Then::Release {
+            self.release_row(self.grant());
         }
     }
 
-    /// Hands the claim to the store for its row to be deleted, once. The
-    /// delete names the grant, so it can never remove a newer grant's row.
-    fn release(&self) {
-        if self.releasing.swap(true, SeqCst) {
-            return;
-        }
+    /// Hands `grant`'s row to the store to be deleted. The delete names the
+    /// grant, so it can never remove a newer grant's row.
+    fn release_row(&self, grant: u64) {
         if let Some(store) = self.store.upgrade() {
-            store.release(&self.key, self.token, self.grant());
+            store.release(&self.key, self.token, grant);
         }
     }
 }
@@ -216,10 +133,18 @@ impl Entered {
             self.lost = Box::pin(Arc::clone(&self.claim.lost).notified_owned());
         }
     }
+
+    /// Whether the claim still covers this request now: not lost, and its
+    /// deadline not passed (a keeper that could not act in time counts too).
+    /// A handler that finished when this is false answers 503, not success.
+    pub(crate) fn held(&self) -> bool {
+        let now = self.claim.store.upgrade().map_or(u64::MAX, |store| store.now());
+        self.claim.cell.held(now)
+    }
 }
 
 impl Drop for Entered {
     fn drop(&mut self) {
-        self.claim.leave();
+        self.claim.then(self.claim.cell.leave());
     }
 }

@@ -1,135 +1,263 @@
-//! The background task: keeps a session open, renews this replica's claims,
-//! hears raises and releases, and revokes every claim whose deadline passes.
-//! It holds the store weakly and ends when the store is dropped.
+//! The keeper: keeps a session open, renews this replica's claims, hears
+//! raises and releases, and revokes every claim whose deadline passes.
+//!
+//! It runs on a thread and a runtime of its own, so application workers that
+//! are blocked or busy (a handler that never yields, a CPU-bound burst) delay
+//! no renewal and no revocation. It holds the store weakly and ends when the
+//! store is dropped (the runtime goes with it, and with the runtime the
+//! session's connection and any release in flight).
+//!
+//! A notification is a hint, never a fact: any role that can connect can send
+//! one. A raise heard for a key this replica holds a lower claim on makes the
+//! keeper *read* the key's mark; only what it reads changes anything.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tokio::sync::{Notify, broadcast};
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::claim::{Claim, State};
-use super::{BoxFuture, ClaimEvent, ClaimRenewer, ClaimSession, Inner, Renewed};
+use super::{BoxFuture, ClaimEvent, ClaimRenewer, ClaimSession, Inner, Renewal, RenewalReport};
 use crate::store::StoreError;
 
 /// The first pause before reopening a session that failed; it doubles up to a second.
 const REOPEN_PAUSE: Duration = Duration::from_millis(50);
 const REOPEN_PAUSE_MAX: Duration = Duration::from_secs(1);
 
+/// Most keys waiting for their mark to be read at once; past it, the next
+/// renewal reads every claimed key's mark instead.
+const MAX_CHECKS: usize = 1024;
+
+/// How soon a renewal that found rows busy (locked by a raise looking at
+/// them, say) is tried again.
+const BUSY_RETRY: Duration = Duration::from_millis(20);
+
+/// Expired rows are swept this many terms apart.
+const SWEEP_TERMS: u32 = 5;
+
+type Bounded<T> = BoxFuture<'static, Result<Result<T, StoreError>, tokio::time::error::Elapsed>>;
+
+/// The keeper's thread, as the store holds it: dropping it stops the keeper.
+pub(super) struct Handle {
+    runtime: tokio::runtime::Handle,
+    task: tokio::task::AbortHandle,
+}
+
+impl Handle {
+    /// Starts the keeper of `store` on a thread of its own, or says why it could not.
+    pub(super) fn start(store: Weak<Inner>) -> Option<Self> {
+        let (sender, started) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new().name("fencing-claims-keeper".into()).spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(error) => return tracing::error!(%error, "claims: cannot build the keeper's runtime"),
+            };
+            let task = runtime.spawn(run(store));
+            let _ = sender.send(Handle { runtime: runtime.handle().clone(), task: task.abort_handle() });
+            let _ = runtime.block_on(task);
+        });
+        if let Err(error) = thread {
+            tracing::error!(%error, "claims: cannot start the keeper's thread");
+            return None;
+        }
+        started.recv().ok()
+    }
+
+    /// Runs `future` on the keeper's runtime.
+    pub(super) fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) {
+        self.runtime.spawn(future);
+    }
+}
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// A renewal in flight: what it asked for and when it was sent.
-struct Renewal {
+struct InFlight {
     sent: u64,
     /// Each claim asked for, with the grant asked for.
     held: Vec<(Arc<Claim>, u64)>,
-    reply: BoxFuture<'static, Result<Result<Vec<Renewed>, StoreError>, tokio::time::error::Elapsed>>,
+    reply: Bounded<Renewal>,
 }
 
-pub(super) async fn run(store: Weak<Inner>) {
+async fn run(store: Weak<Inner>) {
+    let Some(rearm) = store.upgrade().map(|inner| Arc::clone(&inner.rearm)) else { return };
     let mut pause = REOPEN_PAUSE;
     loop {
         let Some(inner) = store.upgrade() else { return };
-        let bound = inner.timing.renew_every.max(Duration::from_millis(100));
-        let opening = tokio::time::timeout(bound, inner.backend.open_session());
-        let deadline = inner.next_deadline();
+        let opening = tokio::time::timeout(inner.timing.renew_timeout, inner.backend.open_session());
         drop(inner);
         // Deadlines keep running while no session is open.
-        let opened = tokio::select! {
-            opened = opening => opened,
-            () = sleep_until(deadline) => {
-                revoke_expired(&store);
-                continue;
-            }
-        };
-        match opened {
-            Ok(Ok(session)) => {
+        match minding_deadlines(&store, &rearm, opening).await {
+            None => return,
+            Some(Ok(Ok(session))) => {
                 pause = REOPEN_PAUSE;
-                if let Some(inner) = store.upgrade() {
-                    // Whatever was announced while no session listened: everyone looks again.
-                    inner.wake_all();
-                }
-                serve(&store, session).await;
+                serve(&store, &rearm, session).await;
             }
-            Ok(Err(error)) => tracing::warn!(%error, "claims: cannot open the background session"),
-            Err(_) => tracing::warn!("claims: opening the background session timed out"),
+            Some(Ok(Err(error))) => tracing::warn!(%error, "claims: cannot open the background session"),
+            Some(Err(_)) => tracing::warn!("claims: opening the background session timed out"),
         }
-        let until = Instant::now() + pause;
+        minding_deadlines(&store, &rearm, tokio::time::sleep(pause)).await;
         pause = (pause * 2).min(REOPEN_PAUSE_MAX);
-        while Instant::now() < until {
-            let deadline = match store.upgrade() {
-                Some(inner) => inner.next_deadline(),
-                None => return,
-            };
-            tokio::select! {
-                () = tokio::time::sleep_until(until) => {}
-                () = sleep_until(deadline) => revoke_expired(&store),
-            }
+    }
+}
+
+/// Drives `future` to its end while revoking each claim whose deadline
+/// passes, re-reading the deadlines whenever a claim is installed. `None`:
+/// the store is gone.
+async fn minding_deadlines<F: Future>(store: &Weak<Inner>, rearm: &Notify, future: F) -> Option<F::Output> {
+    tokio::pin!(future);
+    loop {
+        let deadline = store.upgrade()?.next_deadline();
+        tokio::select! {
+            output = &mut future => return Some(output),
+            () = sleep_until(deadline) => store.upgrade()?.revoke_expired(),
+            () = rearm.notified() => {}
         }
     }
 }
 
+/// Marks this replica's session down when [`serve`] returns, however it returns.
+struct SessionUp<'a>(&'a Weak<Inner>);
+
+impl Drop for SessionUp<'_> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.set_session(false);
+        }
+    }
+}
+
+/// What the session is doing besides waiting.
+#[derive(Default)]
+struct Work {
+    renewal: Option<InFlight>,
+    /// Keys a raise was heard for, and the read of their marks in flight.
+    to_check: HashSet<String>,
+    check: Option<Bounded<Vec<(String, u64)>>>,
+    /// Read every claimed key's mark with the next renewal, at once.
+    renew_now: bool,
+    /// A renewal found rows busy: renew again then, not a whole period later.
+    retry_at: Option<Instant>,
+}
+
 /// Runs one session until it breaks (or the store is dropped).
-async fn serve(store: &Weak<Inner>, session: ClaimSession) {
+async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
     let ClaimSession { renewer, mut events } = session;
     let renewer: Arc<dyn ClaimRenewer> = Arc::from(renewer);
-    let Some(every) = store.upgrade().map(|inner| inner.timing.renew_every) else { return };
-    let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+    let Some(inner) = store.upgrade() else { return };
+    let timing = inner.timing;
+    inner.set_session(true);
+    // Whatever was announced while no session listened: everyone looks again.
+    inner.wake_all();
+    drop(inner);
+    let _up = SessionUp(store);
+    let mut tick = tokio::time::interval(timing.renew_every);
     tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
-    let mut renewal: Option<Renewal> = None;
+    let sweep_every = timing.term * SWEEP_TERMS;
+    let mut sweep = tokio::time::interval_at(Instant::now() + sweep_every, sweep_every);
+    sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    let mut work = Work::default();
     loop {
-        let Some(deadline) = store.upgrade().map(|inner| inner.next_deadline()) else { return };
+        let Some(inner) = store.upgrade() else { return };
+        if work.renew_now && work.renewal.is_none() {
+            work.renew_now = false;
+            work.renewal = Some(renew(&inner, &renewer));
+        }
+        if work.check.is_none() && !work.to_check.is_empty() {
+            let keys = work.to_check.drain().collect();
+            work.check = Some(Box::pin(tokio::time::timeout(timing.renew_timeout, renewer.read_marks(keys))));
+        }
+        let deadline = inner.next_deadline();
+        drop(inner);
         tokio::select! {
             _ = tick.tick() => {
                 let Some(inner) = store.upgrade() else { return };
                 inner.release_idle();
-                if renewal.is_none() {
-                    renewal = Some(renew(&inner, &renewer));
+                if work.renewal.is_none() {
+                    work.renewal = Some(renew(&inner, &renewer));
                 }
             }
-            replied = async { renewal.as_mut().expect("guarded").reply.as_mut().await }, if renewal.is_some() => {
-                let Renewal { sent, held, .. } = renewal.take().expect("guarded");
+            replied = async { work.renewal.as_mut().expect("guarded").reply.as_mut().await }, if work.renewal.is_some() => {
+                let InFlight { sent, held, .. } = work.renewal.take().expect("guarded");
                 let Some(inner) = store.upgrade() else { return };
                 match replied {
-                    Ok(Ok(renewed)) => inner.renewed(sent, &held, renewed),
-                    Ok(Err(error)) => {
-                        tracing::warn!(%error, "claims: renewal failed; reopening the session");
-                        return;
+                    Ok(Ok(renewal)) => {
+                        if inner.renewed(sent, &held, renewal) {
+                            work.retry_at = Some(Instant::now() + BUSY_RETRY);
+                        }
                     }
-                    Err(_) => {
-                        tracing::warn!("claims: renewal timed out; reopening the session");
-                        return;
-                    }
+                    Ok(Err(error)) => return tracing::warn!(%error, "claims: renewal failed; reopening the session"),
+                    Err(_) => return tracing::warn!("claims: renewal timed out; reopening the session"),
+                }
+            }
+            read = async { work.check.as_mut().expect("guarded").as_mut().await }, if work.check.is_some() => {
+                work.check = None;
+                let Some(inner) = store.upgrade() else { return };
+                match read {
+                    Ok(Ok(marks)) => marks.into_iter().for_each(|(key, mark)| inner.read_mark(&key, mark)),
+                    Ok(Err(error)) => return tracing::warn!(%error, "claims: reading marks failed; reopening the session"),
+                    Err(_) => return tracing::warn!("claims: reading marks timed out; reopening the session"),
                 }
             }
             event = events.recv() => {
                 let Some(inner) = store.upgrade() else { return };
                 match event {
-                    Some(ClaimEvent::Raised { key, token }) => inner.raised(&key, token),
-                    Some(ClaimEvent::Released { key, .. }) => inner.wake(&key),
-                    None => {
-                        tracing::warn!("claims: the background session ended; reopening it");
-                        return;
+                    Ok(ClaimEvent::Raised { key, token }) => {
+                        if inner.holds_below(&key, token) {
+                            if work.to_check.len() < MAX_CHECKS {
+                                work.to_check.insert(key.clone());
+                            } else {
+                                work.renew_now = true;
+                            }
+                        }
+                        inner.wake(&key);
+                    }
+                    Ok(ClaimEvent::Released { key, .. }) => inner.wake(&key),
+                    Err(broadcast::error::RecvError::Lagged(missed)) => {
+                        tracing::debug!(missed, "claims: notifications came faster than they were heard");
+                        work.renew_now = true;
+                        inner.wake_all();
+                    }
+                    Err(broadcast::error::RecvError::Closed) => {
+                        return tracing::warn!("claims: the background session ended; reopening it");
                     }
                 }
             }
-            () = sleep_until(deadline) => revoke_expired(store),
+            () = sleep_until(work.retry_at), if work.retry_at.is_some() => {
+                work.retry_at = None;
+                work.renew_now = true;
+            }
+            _ = sweep.tick() => {
+                let Some(inner) = store.upgrade() else { return };
+                inner.sweep(&renewer);
+            }
+            () = sleep_until(deadline) => {
+                let Some(inner) = store.upgrade() else { return };
+                inner.revoke_expired();
+            }
+            () = rearm.notified() => {}
         }
     }
 }
 
-fn renew(inner: &Arc<Inner>, renewer: &Arc<dyn ClaimRenewer>) -> Renewal {
+fn renew(inner: &Arc<Inner>, renewer: &Arc<dyn ClaimRenewer>) -> InFlight {
     let held: Vec<(Arc<Claim>, u64)> = inner
         .claims
         .iter()
-        .filter(|claim| matches!(claim.state(), State::Valid | State::Overtaken))
+        .filter(|claim| claim.state().may_have_inside())
         .map(|claim| (Arc::clone(&claim), claim.grant()))
         .collect();
     let asked = held.iter().map(|(claim, grant)| (claim.key.clone(), *grant)).collect();
     let sent = inner.now();
-    // A renewal that takes longer than the period is as good as failed.
-    let bound = inner.timing.renew_every.max(Duration::from_millis(100));
-    let reply =
-        Box::pin(tokio::time::timeout(bound, renewer.renew(&inner.replica, asked, inner.timing.term)));
-    Renewal { sent, held, reply }
+    let reply = renewer.renew(&inner.replica, asked, inner.timing.term);
+    InFlight { sent, held, reply: Box::pin(tokio::time::timeout(inner.timing.renew_timeout, reply)) }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {
@@ -139,9 +267,11 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-fn revoke_expired(store: &Weak<Inner>) {
-    if let Some(inner) = store.upgrade() {
-        inner.revoke_expired();
+impl State {
+    /// A claim in this state may still have requests inside that rely on it:
+    /// it is renewed, and revoked at its deadline.
+    fn may_have_inside(self) -> bool {
+        matches!(self, State::Valid | State::Overtaken | State::Releasing)
     }
 }
 
@@ -152,12 +282,12 @@ impl Inner {
         let soonest = self
             .claims
             .iter()
-            .filter(|claim| matches!(claim.state(), State::Valid | State::Overtaken))
+            .filter(|claim| claim.state().may_have_inside())
             // The mutant never revokes: a past deadline would wake the keeper in a loop.
             .filter(|claim| !mutant::no_deadline_revoke() || claim.deadline() > now)
             .map(|claim| claim.deadline())
             .min()?;
-        Some(self.epoch + Duration::from_nanos(soonest))
+        Some(Instant::from_std(self.epoch) + Duration::from_nanos(soonest))
     }
 
     /// Revokes every claim whose deadline has passed: its requests are stopped.
@@ -166,42 +296,59 @@ impl Inner {
             return;
         }
         let now = self.now();
-        for claim in self.claims.iter() {
-            if matches!(claim.state(), State::Valid | State::Overtaken) && claim.deadline() <= now {
-                tracing::warn!(
-                    key = claim.key,
-                    token = claim.token,
-                    inside = claim.inside(),
-                    "claims: a claim was not renewed in time; stopping its requests"
-                );
-                claim.revoke();
-            }
+        let expired: Vec<Arc<Claim>> = self
+            .claims
+            .iter()
+            .filter(|claim| claim.state().may_have_inside() && claim.deadline() <= now)
+            .map(|claim| Arc::clone(&claim))
+            .collect();
+        // Revoked outside the map's guards: a release started here takes them again.
+        for claim in expired {
+            tracing::warn!(
+                key = claim.key,
+                token = claim.token,
+                inside = claim.inside(),
+                "claims: a claim was not renewed in time; stopping its requests"
+            );
+            claim.revoke();
         }
     }
 
     /// Releases claims nobody used since the last tick, so raises elsewhere need not wait for them.
     fn release_idle(&self) {
-        for claim in self.claims.iter() {
-            if claim.state() == State::Valid {
-                claim.release_if_idle();
-            }
-        }
+        let valid: Vec<Arc<Claim>> = self
+            .claims
+            .iter()
+            .filter(|claim| claim.state() == State::Valid)
+            .map(|claim| Arc::clone(&claim))
+            .collect();
+        valid.iter().for_each(|claim| claim.release_if_idle());
     }
 
-    /// A renewal sent at `sent` for `held` came back with `renewed`.
-    fn renewed(&self, sent: u64, held: &[(Arc<Claim>, u64)], renewed: Vec<Renewed>) {
+    /// A renewal sent at `sent` for `held` came back with `renewal`: true if
+    /// some claims' rows were busy (and were not renewed).
+    fn renewed(&self, sent: u64, held: &[(Arc<Claim>, u64)], renewal: Renewal) -> bool {
         let deadline = self.deadline_from(sent);
-        let mut kept = HashSet::with_capacity(renewed.len());
-        for Renewed { key, grant, token, mark } in renewed {
-            if mark > token {
-                self.raised(&key, mark);
-            }
-            kept.insert((key, grant));
-        }
+        let took = Duration::from_nanos(self.now().saturating_sub(sent));
+        let report = RenewalReport { took, claims: held.len(), extended: renewal.extended.len() };
+        *self.last_renewal.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(report);
+        let extended: HashSet<u64> = renewal.extended.into_iter().collect();
+        let busy: HashSet<u64> = renewal.busy.into_iter().collect();
+        let raised: HashMap<u64, u64> = renewal.raised.into_iter().collect();
         for (claim, grant) in held {
-            if kept.contains(&(claim.key.clone(), *grant)) {
+            if let Some(&mark) = raised.get(grant).filter(|&&mark| mark > claim.token) {
+                self.raised(&claim.key, mark);
+            }
+            if extended.contains(grant) {
                 claim.renewed(*grant, deadline);
-            } else if claim.grant() == *grant && matches!(claim.state(), State::Valid | State::Overtaken) {
+            } else if busy.contains(grant) {
+                // Live, but its row was locked by someone else: it keeps the deadline it has.
+                tracing::debug!(
+                    key = claim.key,
+                    token = claim.token,
+                    "claims: a claim's row was busy; renewed next time"
+                );
+            } else if claim.grant() == *grant && claim.state().may_have_inside() {
                 // Gone from the backend (expired, then deleted by a raise) and
                 // not replaced by a newer grant meanwhile: stop it.
                 tracing::warn!(
@@ -212,6 +359,29 @@ impl Inner {
                 claim.revoke();
             }
         }
+        !busy.is_empty()
+    }
+
+    /// The backend read `key`'s mark as `mark` (after a notification said it rose).
+    fn read_mark(&self, key: &str, mark: u64) {
+        if self.holds_below(key, mark) {
+            self.raised(key, mark);
+        }
+    }
+
+    /// Deletes expired rows (any replica's: a dead one's stay otherwise), and
+    /// forgets the marks of keys this replica holds no claim on (the backend has them).
+    fn sweep(&self, renewer: &Arc<dyn ClaimRenewer>) {
+        self.marks.retain(|key, _| self.claims.contains_key(key));
+        let sweep = tokio::time::timeout(self.timing.renew_timeout, renewer.sweep());
+        tokio::spawn(async move {
+            match sweep.await {
+                Ok(Ok(0)) => {}
+                Ok(Ok(swept)) => tracing::debug!(swept, "claims: expired claims deleted"),
+                Ok(Err(error)) => tracing::debug!(%error, "claims: sweeping expired claims failed"),
+                Err(_) => tracing::debug!("claims: sweeping expired claims timed out"),
+            }
+        });
     }
 }
 

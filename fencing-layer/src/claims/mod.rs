@@ -25,7 +25,7 @@
 //!
 //! use fencing_layer::claims::ClaimTiming;
 //!
-//! let claims = ClaimStore::with_timing(Db, ClaimTiming::for_term(Duration::from_secs(5)));
+//! let claims = ClaimStore::with_timing(Db, ClaimTiming::for_term(Duration::from_secs(5))).expect("a safe timing");
 //! let layer = FencingLayer::new().shared_store(claims);
 //! # let _ = layer;
 //! ```
@@ -34,26 +34,48 @@
 //!
 //! - **Enter** (in memory): the replica holds a valid claim on the request's
 //!   token for its key: count the request in. A token below a mark this
-//!   replica knows (from a grant, a renewal or an announced raise) gets 409.
+//!   replica read from the backend (a grant, a refusal, a renewal, a read)
+//!   gets 409.
 //! - **Claim** (otherwise; one round trip): in one transaction the backend
 //!   raises the mark to the token if it is lower and announces the raise, then
 //!   grants the claim if the mark equals the token and no claim on a lower
-//!   token is live. A mark above the token is a 409.
-//! - **Wait**: a live lower claim keeps the raise out. Every replica that
-//!   hears of the raise admits nobody more under its lower claim and releases
-//!   it (deletes its row, announces the release) once its last request has
-//!   left; a replica that never hears lets it expire. The raise claims again
-//!   on every release it hears of, when the soonest lower claim expires, and
-//!   every 100 ms, until the drain bound (then 503; the mark stays raised).
-//! - **Renew** (background, every `renew_every`): one statement extends every
-//!   claim the replica holds that is still live by the backend's clock, and
-//!   reports the keys' marks (a mark above the claim is a raise the replica
-//!   missed). An expired claim is never renewed.
+//!   token is live. A mark above the token is a 409. No claim goes out while
+//!   the replica has no background session to renew it (503), and none past
+//!   [`ClaimStore::max_keys`] keys (503). A grant whose request went away
+//!   meanwhile is released at once.
+//! - **Wait**: a live lower claim keeps the raise out. A replica that hears of
+//!   the raise reads the key's mark; if it is above its claim, the claim
+//!   admits nobody more and is released (its row deleted, the release
+//!   announced) once its last request has left; a replica that never hears
+//!   finds the mark with its next renewal, or lets the claim expire. The raise
+//!   claims again on every release it hears of, when the soonest lower claim
+//!   expires, and every 100 ms, until the drain bound (then 503; the mark
+//!   stays raised).
+//! - **Renew** (the keeper, every `renew_every`, each bounded by
+//!   `renew_timeout`): extends every claim the replica holds that is still live
+//!   by the backend's clock, skipping (never waiting on) a record another
+//!   transaction holds, and reports the keys' marks (a mark above the claim is
+//!   a raise the replica missed). An expired claim is never renewed.
 //! - **Stop**: each claim is valid locally until `sent + term − margin`, where
 //!   `sent` is when the last successful grant or renewal of it was *sent*, on
-//!   this process's monotonic clock. At that deadline, or when a renewal finds
-//!   the claim gone, the replica revokes it: every request inside is stopped
-//!   (its inner future dropped, 503 `claim-lost`), and none enters again.
+//!   this process's monotonic clock; the keeper arms that deadline the moment
+//!   the claim is installed. At the deadline, or when a renewal finds the claim
+//!   gone, the replica revokes it: every request inside is stopped (its inner
+//!   future dropped, 503 `claim-lost`), and none enters again. A request whose
+//!   handler finishes after its claim was revoked or its deadline passed (a
+//!   handler that never yielded cannot be dropped) also answers 503
+//!   `claim-lost`, never what the handler made.
+//! - **Sweep**: every five terms each replica deletes expired claims (a dead
+//!   replica's stay otherwise) and forgets the marks it read for keys it holds
+//!   no claim on. Marks themselves stay in the backend: the argument below
+//!   needs a key's mark for as long as a holder of a lower token may write.
+//!
+//! Notifications are hints, never facts: any role that can connect can send
+//! one (PostgreSQL's `NOTIFY` needs no privilege). A raise heard only makes
+//! the keeper read the key's mark, a release only makes waiters look again,
+//! and a flood only makes the keeper read every claimed key's mark (the
+//! channel holds [`EVENTS`] of them). Only what the backend answers changes
+//! what a replica admits.
 //!
 //! # Why a higher token never runs beside a lower one
 //!
@@ -63,14 +85,16 @@
 //! was gone or expired at `g`:
 //!
 //! - *Gone*: R deletes a row only once nobody is inside under it (the last
-//!   request's leaving starts the delete), and the delete names the grant, so
-//!   it never removes a newer grant's row. So `r` had left.
+//!   request's leaving starts the delete, and a claim that stopped admitting
+//!   never admits again: `cell.rs`), and the delete names the grant, so it
+//!   never removes a newer grant's row. So `r` had left.
 //! - *Expired*: the row expires `term` after the backend wrote it, which is
 //!   after R sent that grant or renewal. R's deadline for `c` is `term − margin`
 //!   after that send, so, with clocks that run at the same rate within the
-//!   margin, R's deadline came first and R stopped `r` then. A renewal cannot
-//!   revive an expired row, and grant and renewal both lock the claim's row,
-//!   so a renewal in flight cannot extend a row the grant judged expired.
+//!   margin, R's deadline came first, and R's keeper, on a thread of its own,
+//!   stopped `r` then. A renewal cannot revive an expired row, and grant and
+//!   renewal both lock the claim's row, so a renewal in flight cannot extend a
+//!   row the grant judged expired.
 //!
 //! Admission in memory also needs the claim's token to still be the mark, or
 //! not yet overtaken by an *admitted* token: a raise commits the higher mark
@@ -79,59 +103,60 @@
 //! lower token, and that request is then waited for (or stopped). Admitted
 //! tokens, per key, in order of admission, never decrease.
 //!
-//! # The one assumption
+//! # The assumptions, and the one residual
 //!
-//! Clocks run at the same rate, within the margin over a term: the replica's
-//! monotonic clock and the backend's clock (a wall clock jumped forward on the
-//! database host shortens every claim). And a process that is *paused* (SIGSTOP,
-//! a long GC or VM pause) for longer than the term cannot stop its own
-//! requests: when it wakes, its claim may have expired and a newer token may be
-//! running. Nobody can stop that from outside; there, the resource's own check
-//! of the token (a version column, `fencing-postgres`'s in-transaction fence)
-//! is what holds.
+//! - Clocks run at the same rate, within the margin over a term: the
+//!   replica's monotonic clock and the backend's clock (a wall clock jumped
+//!   forward on the database host shortens every claim).
+//! - The timing can keep a claim: `renew_every + renew_timeout < term −
+//!   margin` ([`ClaimTiming::check`]; the stores refuse other timings), so a
+//!   renewal sent on schedule is answered before the claim lapses here.
+//!
+//! Application workers that are blocked or busy do not matter: the keeper
+//! renews, and revokes at deadlines, on a thread and runtime of its own. What
+//! remains is a stop of the **whole process, or of its keeper thread**
+//! (SIGSTOP, a VM pause, a GC that stops every thread) **for longer than
+//! `term − margin` after the last renewal it sent**: the claim may expire in
+//! the backend and a newer token run while this process's requests are
+//! frozen inside. And a handler that never yields cannot be stopped while its
+//! claim lapses: it answers 503 `claim-lost`, but what it wrote before that
+//! may have overlapped the newer holder's writes. Nobody can stop either from
+//! outside; there, the resource's own check of the token (a version column,
+//! `fencing-postgres`'s in-transaction fence) is what holds.
 //!
 //! # Costs
 //!
 //! A request with the replica's current token costs a map lookup, two atomic
 //! counts and an allocation: no round trip, no pooled connection. Each replica
-//! keeps one background session (renewals and notifications); grants,
-//! releases and raises are short transactions on the backend's pool.
+//! keeps one thread and one background session (renewals, reads of marks,
+//! notifications, sweeps); grants, releases and raises are short transactions
+//! on the backend's pool.
 
 mod admit;
 mod backend;
+mod cell;
 mod claim;
 mod keeper;
+mod timing;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dashmap::DashMap;
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 pub use self::backend::{
-    BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, Renewed,
+    BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, EVENTS,
+    Renewal,
 };
 pub(crate) use self::claim::Entered;
 use self::claim::{Claim, State};
-use crate::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
-
-/// How long a claim lasts unless renewed, by default: a replica that dies
-/// holds up raises on its keys for at most this long, which equals the
-/// layer's default drain bound, so a raise that waits the default bound
-/// outlasts a dead replica's claim.
-pub const DEFAULT_TERM: Duration = Duration::from_secs(5);
-
-/// How long before the backend's expiry a replica stops its own requests, by
-/// default, as a fraction of the term (a tenth: 500 ms of the default term).
-/// It covers clock-rate drift (NTP slews at most 0.05 %: 2.5 ms over 5 s) and
-/// the time it takes to drop the requests inside, with room to spare.
-pub const DEFAULT_MARGIN_FRACTION: u32 = 10;
-
-/// Renewals per term, by default: four may fail in a row before a claim lapses.
-pub const DEFAULT_RENEWALS_PER_TERM: u32 = 5;
+pub use self::timing::{
+    ClaimTiming, ClaimTimingError, DEFAULT_MARGIN_FRACTION, DEFAULT_RENEWALS_PER_TERM, DEFAULT_TERM,
+};
+use crate::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError};
 
 /// How often a waiting raise claims again when it hears nothing, at most.
 const POLL: Duration = Duration::from_millis(100);
@@ -145,52 +170,25 @@ const MAX_KNOWN_MARKS: usize = crate::store::DEFAULT_MAX_KEYS;
 
 /// A [`SharedStore`] of claims over a [`ClaimBackend`]; see the [module docs](self).
 ///
-/// Cheap to clone; clones share the claims. The background task starts with
-/// the first request that needs the backend, on that request's runtime, and
+/// Cheap to clone; clones share the claims. The keeper (renewals, deadlines,
+/// notifications) runs on a thread and runtime of its own, started by
+/// [`ready`](Self::ready) or the first request that needs the backend, and
 /// stops when the last clone is dropped.
 #[derive(Clone)]
 pub struct ClaimStore {
     inner: Arc<Inner>,
 }
 
-/// The timing of claims: term, renewal period, margin.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClaimTiming {
-    /// How long a claim lasts on the backend's clock unless renewed.
-    pub term: Duration,
-    /// How often the replica renews its claims.
-    pub renew_every: Duration,
-    /// How long before the term runs out, counted from when a grant or
-    /// renewal was sent, the replica stops the claim's requests.
-    pub margin: Duration,
-}
-
-impl ClaimTiming {
-    /// The defaults for `term`: renew five times per term, a margin of a tenth.
-    #[must_use]
-    pub fn for_term(term: Duration) -> Self {
-        Self { term, renew_every: term / DEFAULT_RENEWALS_PER_TERM, margin: term / DEFAULT_MARGIN_FRACTION }
-    }
-
-    /// How long a claim is valid here after its grant or renewal was sent.
-    fn valid_for(&self) -> Duration {
-        self.term.saturating_sub(self.margin)
-    }
-}
-
-impl Default for ClaimTiming {
-    fn default() -> Self {
-        Self::for_term(DEFAULT_TERM)
-    }
-}
-
 pub(crate) struct Inner {
-    backend: Box<dyn ClaimBackend>,
+    backend: Arc<dyn ClaimBackend>,
     replica: String,
     timing: ClaimTiming,
     /// This replica's claims, by key: at most one each.
     claims: DashMap<String, Arc<Claim>, ahash::RandomState>,
-    /// The highest mark heard of per key, to turn stale tokens away in memory.
+    /// Most keys this replica holds claims on at once.
+    max_claims: AtomicUsize,
+    /// The highest mark read from the backend per key, to turn stale tokens
+    /// away in memory. Never from a notification: anyone can send one.
     marks: DashMap<String, u64, ahash::RandomState>,
     stripes: [Arc<Notify>; STRIPES],
     hasher: ahash::RandomState,
@@ -199,28 +197,46 @@ pub(crate) struct Inner {
     /// Claims in flight to the backend, by key and token: one each.
     claiming: Mutex<HashSet<(String, u64)>>,
     grants: AtomicU64,
+    /// This process's monotonic clock, from when the store was made.
     epoch: Instant,
-    runtime: OnceLock<tokio::runtime::Handle>,
-    keeper: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Wakes the keeper: a claim was installed, its deadline must be armed.
+    rearm: Arc<Notify>,
+    /// The keeper has a background session that renews: grants go out only then.
+    session_up: AtomicBool,
+    /// Told whenever `session_up` changes.
+    session_changed: Notify,
+    /// The last renewal's report.
+    last_renewal: Mutex<Option<RenewalReport>>,
+    /// The keeper's thread (`None`: it could not be started, so nothing is granted).
+    keeper: OnceLock<Option<keeper::Handle>>,
 }
 
 impl ClaimStore {
     /// Claims in `backend`, with the [default timing](ClaimTiming::default).
     pub fn new(backend: impl ClaimBackend) -> Self {
-        Self::with_timing(backend, ClaimTiming::default())
+        Self::build(backend, ClaimTiming::default())
     }
 
-    /// Claims in `backend`, with `timing`. `renew_every` should leave room
-    /// for a few renewals within `term − margin`, or claims lapse between
-    /// renewals (each lapse stops the claim's requests with 503).
-    pub fn with_timing(backend: impl ClaimBackend, timing: ClaimTiming) -> Self {
+    /// Claims in `backend`, with `timing`.
+    ///
+    /// # Errors
+    ///
+    /// A timing that cannot keep claims safely ([`ClaimTiming::check`]):
+    /// `renew_every + renew_timeout` must be shorter than `term − margin`.
+    pub fn with_timing(backend: impl ClaimBackend, timing: ClaimTiming) -> Result<Self, ClaimTimingError> {
+        timing.check()?;
+        Ok(Self::build(backend, timing))
+    }
+
+    fn build(backend: impl ClaimBackend, timing: ClaimTiming) -> Self {
         let random = ahash::RandomState::new();
         let replica = format!("{:016x}{:016x}", random.hash_one(1u8), random.hash_one(std::process::id()));
         let inner = Inner {
-            backend: Box::new(backend),
+            backend: Arc::new(backend),
             replica,
             timing,
             claims: DashMap::with_hasher(ahash::RandomState::new()),
+            max_claims: AtomicUsize::new(crate::store::DEFAULT_MAX_KEYS),
             marks: DashMap::with_hasher(ahash::RandomState::new()),
             stripes: std::array::from_fn(|_| Arc::new(Notify::new())),
             hasher: ahash::RandomState::new(),
@@ -228,10 +244,36 @@ impl ClaimStore {
             claiming: Mutex::new(HashSet::new()),
             grants: AtomicU64::new(0),
             epoch: Instant::now(),
-            runtime: OnceLock::new(),
-            keeper: Mutex::new(None),
+            rearm: Arc::new(Notify::new()),
+            session_up: AtomicBool::new(false),
+            session_changed: Notify::new(),
+            last_renewal: Mutex::new(None),
+            keeper: OnceLock::new(),
         };
         Self { inner: Arc::new(inner) }
+    }
+
+    /// At most `limit` keys claimed by this replica at once (default
+    /// 1,000,000, as the layer's `max_keys`): a request for one more key gets
+    /// 503 (fail closed) until a claim is released.
+    #[must_use]
+    pub fn max_keys(self, limit: usize) -> Self {
+        self.inner.max_claims.store(limit, Ordering::Relaxed);
+        self
+    }
+
+    /// Starts the keeper and waits until its background session is open, at
+    /// most `renew_every + renew_timeout`. Call it when the replica starts:
+    /// until a session is open no claim is granted (a claim nobody can renew
+    /// would only lapse), and this says why.
+    ///
+    /// # Errors
+    ///
+    /// The session did not open in time (the backend unreachable, say).
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        self.inner.start();
+        let bound = self.inner.timing.renew_every + self.inner.timing.renew_timeout;
+        self.inner.session(bound).await
     }
 
     /// The timing in effect.
@@ -246,8 +288,8 @@ impl ClaimStore {
         &self.inner.replica
     }
 
-    /// The highest mark of `key` this replica knows of (from its grants,
-    /// renewals and the raises it heard), if any.
+    /// The highest mark of `key` this replica knows of (from its grants and
+    /// renewals, and the marks it read), if any.
     #[must_use]
     pub fn known_mark(&self, key: &str) -> Option<u64> {
         let claimed = self.inner.claims.get(key).map(|claim| claim.overtaken_by().unwrap_or(claim.token));
@@ -255,11 +297,32 @@ impl ClaimStore {
         claimed.max(heard)
     }
 
+    /// What the last renewal that came back did, if one did: how long it
+    /// took and how many claims it carried. A renewal close to
+    /// `renew_timeout` is a warning: past it, the session is opened again and
+    /// claims may lapse.
+    #[must_use]
+    pub fn last_renewal(&self) -> Option<RenewalReport> {
+        *self.inner.last_renewal.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     /// How many keys this replica holds a claim on, in any state.
     #[must_use]
     pub fn claims(&self) -> usize {
         self.inner.claims.len()
     }
+}
+
+/// One renewal, as [`ClaimStore::last_renewal`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RenewalReport {
+    /// From sending it to its answer.
+    pub took: Duration,
+    /// Claims it asked to extend.
+    pub claims: usize,
+    /// Of those, how many were extended.
+    pub extended: usize,
 }
 
 impl std::fmt::Debug for ClaimStore {
@@ -299,7 +362,7 @@ impl SharedStore for ClaimStore {
 }
 
 impl Inner {
-    /// Nanoseconds since the store was made, on the monotonic clock.
+    /// Nanoseconds since the store was made, on this process's monotonic clock.
     #[inline]
     fn now(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
@@ -330,7 +393,8 @@ impl Inner {
         at_least.max(claimed).max(known)
     }
 
-    /// Remembers that `key`'s mark is at least `mark`.
+    /// Remembers that `key`'s mark is at least `mark`: only what the backend
+    /// answered (a grant, a refusal, a renewal, a read), never a notification.
     fn note_mark(&self, key: &str, mark: u64) {
         if let Some(mut known) = self.marks.get_mut(key) {
             *known = (*known).max(mark);
@@ -342,18 +406,33 @@ impl Inner {
         }
     }
 
-    /// A raise of `key` to `token` was announced (or found by a renewal).
-    fn raised(&self, key: &str, token: u64) {
-        self.note_mark(key, token);
+    /// The backend says `key`'s mark is `mark`: a claim below it admits
+    /// nobody more and is released once empty.
+    fn raised(&self, key: &str, mark: u64) {
+        self.note_mark(key, mark);
         let claim = self.claims.get(key).map(|claim| Arc::clone(&claim));
-        if let Some(claim) = claim.filter(|claim| claim.token < token) {
-            claim.overtake(token);
+        if let Some(claim) = claim.filter(|claim| claim.token < mark) {
+            claim.overtake(mark);
         }
         self.wake(key);
     }
 
+    /// Whether this replica holds a claim on `key` below `token`: only then
+    /// is a notification of a raise worth reading the mark for.
+    fn holds_below(&self, key: &str, token: u64) -> bool {
+        self.claims.get(key).is_some_and(|claim| {
+            claim.token < token && matches!(claim.state(), State::Valid | State::Overtaken)
+        })
+    }
+
+    /// Whether one more key may be claimed.
+    fn has_room_for(&self, key: &str) -> bool {
+        self.claims.len() < self.max_claims.load(Ordering::Relaxed) || self.claims.contains_key(key)
+    }
+
     /// Installs (or extends) this replica's claim on `(key, token)` after the
-    /// backend granted `grant`, sent at `sent`, and enters it.
+    /// backend granted `grant`, sent at `sent`, wakes the keeper to arm its
+    /// deadline, and enters it.
     fn install(self: &Arc<Self>, key: &str, token: u64, grant: u64, sent: u64) -> Option<Entered> {
         let deadline = self.deadline_from(sent);
         let _one_at_a_time = self.install.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -372,22 +451,29 @@ impl Inner {
                 claim
             }
         };
+        // The keeper sleeps until the soonest deadline it knew: this one may be sooner.
+        self.rearm.notify_one();
         claim.try_enter(self.now())
     }
 
-    /// Deletes the row of `grant` (a claim nobody is inside any more), then
-    /// forgets the claim and wakes whoever waits on the key.
+    /// Deletes the row of `grant` (a claim nobody is inside any more), on
+    /// the keeper's runtime, then forgets the claim and wakes whoever waits
+    /// on the key. Bounded by the term: past it the row has expired anyway.
     fn release(self: &Arc<Self>, key: &str, token: u64, grant: u64) {
-        let Some(runtime) = self.runtime.get() else { return };
+        let Some(keeper) = self.keeper.get().and_then(Option::as_ref) else { return };
         let store = Arc::downgrade(self);
         let release = self.backend.release(&self.replica, key, grant);
-        let key = key.to_owned();
-        runtime.spawn(async move {
-            let outcome = release.await;
+        let (key, bound) = (key.to_owned(), self.timing.term);
+        keeper.spawn(async move {
+            let outcome = tokio::time::timeout(bound, release).await;
             let Some(store) = store.upgrade() else { return };
-            if let Err(error) = outcome {
+            match outcome {
+                Ok(Ok(())) => {}
                 // The row expires by itself within the term.
-                tracing::debug!(key, token, %error, "a claim's release failed; it will expire");
+                Ok(Err(error)) => {
+                    tracing::debug!(key, token, %error, "a claim's release failed; it will expire")
+                }
+                Err(_) => tracing::debug!(key, token, "a claim's release timed out; it will expire"),
             }
             store.forget(&key, grant);
             store.wake(&key);
@@ -400,27 +486,36 @@ impl Inner {
         self.claims.remove_if(key, |_, claim| claim.grant() == grant && claim.state() != State::Valid);
     }
 
-    /// Starts the background task, once, on the current runtime.
+    /// Starts the keeper, once, on a thread of its own.
     fn start(self: &Arc<Self>) {
-        if self.runtime.get().is_some() {
-            return;
-        }
-        let runtime = tokio::runtime::Handle::current();
-        if self.runtime.set(runtime.clone()).is_ok() {
-            let task = runtime.spawn(keeper::run(Arc::downgrade(self)));
-            *self.keeper.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(task);
-        }
+        self.keeper.get_or_init(|| keeper::Handle::start(Arc::downgrade(self)));
+    }
+
+    /// Waits, at most `bound`, until the keeper has a session.
+    async fn session(&self, bound: Duration) -> Result<(), StoreError> {
+        let waited = tokio::time::timeout(bound, async {
+            loop {
+                let changed = self.session_changed.notified();
+                if self.session_up.load(Ordering::SeqCst) {
+                    return;
+                }
+                changed.await;
+            }
+        });
+        waited.await.map_err(|_| {
+            StoreError::log(std::io::Error::other(format!(
+                "claims: no background session within {bound:?}, so no claim could be renewed; \
+                 none is granted until one opens"
+            )))
+        })
+    }
+
+    fn set_session(&self, up: bool) {
+        self.session_up.store(up, Ordering::SeqCst);
+        self.session_changed.notify_waiters();
     }
 
     fn next_grant(&self) -> u64 {
         self.grants.fetch_add(1, Ordering::Relaxed) + 1
-    }
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        if let Some(task) = self.keeper.get_mut().ok().and_then(Option::take) {
-            task.abort();
-        }
     }
 }

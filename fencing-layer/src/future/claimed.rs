@@ -92,15 +92,29 @@ where
     R: RejectionResponder<ResBody>,
 {
     if place.permit.poll_revoked(cx).is_ready() {
-        let key = place.key.take().or_else(|| place.permit.key().map(str::to_owned));
-        let rejection = Rejection::ClaimLost {
-            key: key.unwrap_or_default(),
-            presented: place.token.get(),
-            retry_after: place.settings.config.retry_after,
-        };
-        return Poll::Ready(Step::Done(Ok(place.settings.answer(rejection, place.grpc))));
+        return Poll::Ready(Step::Done(Ok(claim_lost(place))));
     }
-    Poll::Ready(Step::Done(ready!(future.poll(cx))))
+    let output = ready!(future.poll(cx));
+    // The handler may have run past its claim without yielding (a blocked
+    // thread cannot be dropped): what it made is not a success.
+    if output.is_ok() && !place.permit.still_held(cx) {
+        return Poll::Ready(Step::Done(Ok(claim_lost(place))));
+    }
+    Poll::Ready(Step::Done(output))
+}
+
+/// The 503 `claim-lost` answer of a request whose claim lapsed or was revoked.
+fn claim_lost<E, R, ResBody>(place: &mut SharedPlace<E, R>) -> Response<ResBody>
+where
+    R: RejectionResponder<ResBody>,
+{
+    let key = place.key.take().or_else(|| place.permit.key().map(str::to_owned));
+    let rejection = Rejection::ClaimLost {
+        key: key.unwrap_or_default(),
+        presented: place.token.get(),
+        retry_after: place.settings.config.retry_after,
+    };
+    place.settings.answer(rejection, place.grpc)
 }
 
 /// One step of a request waiting for a shared store: wait, enter, or a refusal.

@@ -141,6 +141,18 @@ impl SharedPermit {
         }
     }
 
+    /// Whether the request may still answer with what its inner service
+    /// produced: not revoked, and (for a claim) not past its deadline. A
+    /// handler that never yielded while its claim lapsed finishes anyway; its
+    /// answer is then 503, never a success.
+    pub(crate) fn still_held(&mut self, cx: &mut Context<'_>) -> bool {
+        self.poll_revoked(cx).is_pending()
+            && match &self.place {
+                Place::Claim(entered) => entered.held(),
+                _ => true,
+            }
+    }
+
     /// Ready once the request must be stopped; pending for as long as it may run.
     pub(crate) fn poll_revoked(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         match &mut self.place {

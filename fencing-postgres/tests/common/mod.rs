@@ -39,6 +39,21 @@ impl TestDbExt for TestDb {
     }
 }
 
+/// `config`'s database reached through 127.0.0.1:`port` only (a proxy, say),
+/// its sessions named `name` in `pg_stat_activity`.
+pub fn with_port(config: &Config, port: u16, name: &str) -> Config {
+    let mut named = Config::new();
+    named.host("127.0.0.1").port(port).user(config.get_user().unwrap_or("postgres"));
+    named.dbname(config.get_dbname().unwrap_or("postgres")).application_name(name);
+    named.connect_timeout(Duration::from_secs(3));
+    named
+}
+
+/// The port `config` connects to.
+pub fn port_of(config: &Config) -> u16 {
+    config.get_ports().first().copied().unwrap_or(5432)
+}
+
 /// A new connection to the database `config` names, its connection task spawned.
 pub async fn connect_to(config: &Config) -> Client {
     connect(config).await.unwrap()

@@ -23,6 +23,8 @@ use super::BOUND;
 pub struct Probe {
     events: Arc<Mutex<Vec<(u64, u64, bool)>>>,
     gates: Arc<Mutex<HashMap<u64, Arc<Semaphore>>>>,
+    /// Requests with these tokens block their worker thread this long once inside.
+    blocks: Arc<Mutex<HashMap<u64, Duration>>>,
     /// Each request stays inside 0–4 ms, so that requests overlap.
     pub jitter: bool,
 }
@@ -36,6 +38,12 @@ impl Probe {
     /// Requests with `token` stay inside until released.
     pub fn hold(&self, token: u64) -> Arc<Semaphore> {
         Arc::clone(self.gates.lock().unwrap().entry(token).or_insert_with(|| Arc::new(Semaphore::new(0))))
+    }
+
+    /// Requests with `token` block their worker thread for `how_long` once
+    /// inside: a handler that never yields.
+    pub fn block(&self, token: u64, how_long: Duration) {
+        self.blocks.lock().unwrap().insert(token, how_long);
     }
 
     pub fn release(&self, token: u64) {
@@ -59,6 +67,15 @@ impl Probe {
                 *count -= 1;
             }
         }
+    }
+
+    /// The position of `event` in the probe's order.
+    pub fn at(&self, event: (u64, u64, bool)) -> usize {
+        let events = self.events();
+        events
+            .iter()
+            .position(|e| *e == event)
+            .unwrap_or_else(|| panic!("{event:?} never happened: {events:?}"))
     }
 
     pub fn events(&self) -> Vec<(u64, u64, bool)> {
@@ -88,6 +105,10 @@ impl Probe {
                 probe.events.lock().unwrap().push((key, token.get(), true));
                 // Recorded on drop too, so a request cut off inside still leaves.
                 let _exit = Exit(probe.clone(), key, token.get());
+                let block = probe.blocks.lock().unwrap().get(&token.get()).copied();
+                if let Some(block) = block {
+                    std::thread::sleep(block);
+                }
                 let gate = probe.gates.lock().unwrap().get(&token.get()).cloned();
                 if let Some(gate) = gate {
                     let _ = gate.acquire().await;
@@ -116,6 +137,32 @@ pub struct Replica {
     pub url: String,
     pub server: tokio::task::JoinHandle<()>,
     pub store: Option<PgSharedStore>,
+    /// A replica on a runtime of its own: that runtime stops when this drops.
+    pub stop: Option<std::sync::mpsc::Sender<()>>,
+}
+
+/// How a replica is built beyond its probe and layer.
+pub struct Setup {
+    /// The pool's database.
+    pub pool: Config,
+    /// The background session's database (the pool's, unless a test routes it elsewhere).
+    pub session: Config,
+    pub limits: PoolLimits,
+    pub timing: ClaimTiming,
+    /// Serve on a runtime of its own with one worker thread (which a handler can block).
+    pub one_worker: bool,
+}
+
+impl Setup {
+    pub fn new(config: Config, timing: ClaimTiming) -> Self {
+        Self {
+            pool: config.clone(),
+            session: config,
+            limits: PoolLimits::default(),
+            timing,
+            one_worker: false,
+        }
+    }
 }
 
 impl Replica {
@@ -132,14 +179,41 @@ impl Replica {
         limits: PoolLimits,
         timing: ClaimTiming,
     ) -> Self {
-        let pool = fencing_postgres::pool(config.clone(), limits).unwrap();
-        let store = PgSharedStore::with_timing(pool, config, PgFence::new(), timing);
+        Self::build(probe, layer, Setup { limits, ..Setup::new(config, timing) }).await
+    }
+
+    /// A replica as `setup` says, its session open before it serves.
+    pub async fn build(probe: &Probe, layer: FencingLayer, setup: Setup) -> Self {
+        let pool = fencing_postgres::pool(setup.pool, setup.limits).unwrap();
+        let store = PgSharedStore::with_timing(pool, setup.session, PgFence::new(), setup.timing).unwrap();
         store.migrate().await.unwrap();
+        store.ready().await.unwrap();
         let router = probe.router(layer.shared_store(store.clone()));
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
-        Self { url, server, store: Some(store) }
+        if !setup.one_worker {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let url = format!("http://{}", listener.local_addr().unwrap());
+            let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+            return Self { url, server, store: Some(store), stop: None };
+        }
+        let (started, ready) = std::sync::mpsc::channel();
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let server = runtime.block_on(async {
+                let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let url = format!("http://{}", listener.local_addr().unwrap());
+                (url, tokio::spawn(async move { axum::serve(listener, router).await.unwrap() }))
+            });
+            started.send(server).unwrap();
+            // The runtime serves while this thread drives it, until the replica is dropped.
+            runtime.block_on(async {
+                while stopped.try_recv() == Err(std::sync::mpsc::TryRecvError::Empty) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            });
+        });
+        let (url, server) = ready.recv().unwrap();
+        Self { url, server, store: Some(store), stop: Some(stop) }
     }
 
     /// Waits until this replica has heard that `key`'s mark is at least `mark`.

@@ -399,3 +399,61 @@ async fn the_key_limit_applies_to_claims() {
     };
     tokio::time::timeout(short().term * 2, fits).await.expect("the limit stayed full after a release");
 }
+
+/// A replica holds 3,000 claims, and its background session stalls in the
+/// middle of a renewal (the network hangs, no reset). The renewal held no row
+/// lock past its own statement: raises of those keys on another replica get
+/// in once the claims have expired in the database (about a term), none gets
+/// 503, and the stalled replica gives up its claims on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_renewal_with_thousands_of_claims_holds_up_no_raise() {
+    let Some(db) = TestDb::create().await else { return };
+    let proxy = StallProxy::start(([127, 0, 0, 1], port_of(&db.config())).into()).await;
+    let session = with_port(&db.config(), proxy.addr.port(), "stalled-session");
+    let pool = fencing_postgres::pool(db.config(), PoolLimits::default()).unwrap();
+    let one = PgSharedStore::with_timing(pool, session, PgFence::new(), short()).unwrap();
+    one.migrate().await.unwrap();
+    one.ready().await.unwrap();
+    let mut permits = Vec::new();
+    for chunk in (0..3_000).collect::<Vec<u32>>().chunks(100) {
+        let admissions: Vec<_> =
+            chunk.iter().map(|key| tokio::spawn(one.admit(&format!("/r/{key}"), 1, BOUND))).collect();
+        for admission in admissions {
+            permits.push(admission.await.unwrap().expect("a claim on a fresh key"));
+        }
+    }
+    // Stall the session the moment a renewal is running on it.
+    let watcher = db.connect().await;
+    let running = async {
+        loop {
+            let active: i64 = watcher
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'stalled-session' AND state = 'active'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if active > 0 {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(BOUND, running).await.expect("no renewal ran");
+    proxy.stall();
+    let stalled = Instant::now();
+    let probe = Probe::default();
+    let two = Arc::new(
+        Replica::build(&probe, drain(Duration::from_secs(4)), Setup::new(db.config(), short())).await,
+    );
+    let raises: Vec<_> = (0..3_000).step_by(150).map(|key| two.spawn_post(key, 2)).collect();
+    for raise in raises {
+        let (status, problem) = raise.await.unwrap();
+        assert_eq!(status, 200, "{problem}");
+    }
+    let waited = stalled.elapsed();
+    assert!(waited < short().term * 3, "the raises waited {waited:?} for a term of {:?}", short().term);
+    assert!(one.claims().last_renewal().is_some());
+    drop(permits);
+    proxy.resume();
+}

@@ -200,3 +200,20 @@ impl ClaimCell {
         !self.releasing.swap(true, SeqCst)
     }
 }
+
+#[cfg(all(test, loom))]
+impl ClaimCell {
+    /// For the loom model: stores every atomic's value again, with `SeqCst`.
+    /// Loom regards a `SeqCst` load as `AcqRel`, save that it never returns a
+    /// store older than the newest `SeqCst` one, and an atomic's initial value
+    /// is not a `SeqCst` store: after this, a `SeqCst` load returns the newest
+    /// store, as the rules above assume.
+    pub(super) fn seq_cst_stores(&self) {
+        self.grant.store(self.grant.load(SeqCst), SeqCst);
+        self.word.store(self.word.load(SeqCst), SeqCst);
+        self.deadline.store(self.deadline.load(SeqCst), SeqCst);
+        self.touched.store(self.touched.load(SeqCst), SeqCst);
+        self.overtaken_by.store(self.overtaken_by.load(SeqCst), SeqCst);
+        self.releasing.store(self.releasing.load(SeqCst), SeqCst);
+    }
+}

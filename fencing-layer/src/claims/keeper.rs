@@ -168,7 +168,7 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
         let Some(inner) = store.upgrade() else { return };
         if work.renew_now && work.renewal.is_none() {
             work.renew_now = false;
-            work.renewal = Some(renew(&inner, &renewer));
+            work.renewal = Some(renew(&inner, &renewer, true));
         }
         if work.check.is_none() && !work.to_check.is_empty() {
             let keys = work.to_check.drain().collect();
@@ -181,7 +181,7 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
                 let Some(inner) = store.upgrade() else { return };
                 inner.release_idle();
                 if work.renewal.is_none() {
-                    work.renewal = Some(renew(&inner, &renewer));
+                    work.renewal = Some(renew(&inner, &renewer, false));
                 }
             }
             replied = async { work.renewal.as_mut().expect("guarded").reply.as_mut().await }, if work.renewal.is_some() => {
@@ -232,7 +232,10 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
             }
             () = sleep_until(work.retry_at), if work.retry_at.is_some() => {
                 work.retry_at = None;
-                work.renew_now = true;
+                let Some(inner) = store.upgrade() else { return };
+                if work.renewal.is_none() {
+                    work.renewal = Some(renew(&inner, &renewer, false));
+                }
             }
             _ = sweep.tick() => {
                 let Some(inner) = store.upgrade() else { return };
@@ -247,17 +250,24 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
     }
 }
 
-fn renew(inner: &Arc<Inner>, renewer: &Arc<dyn ClaimRenewer>) -> InFlight {
+/// Renews the claims that need it: those whose deadline would come before
+/// the renewal after next could be answered (so one renewal may fail and the
+/// next still lands in time), not every claim at every tick. With the default
+/// timing a claim is renewed about every other period.
+fn renew(inner: &Arc<Inner>, renewer: &Arc<dyn ClaimRenewer>, all: bool) -> InFlight {
+    let timing = inner.timing;
+    let soon = u64::try_from((timing.renew_every * 2 + timing.renew_timeout).as_nanos()).unwrap_or(u64::MAX);
+    let horizon = inner.now().saturating_add(soon);
     let held: Vec<(Arc<Claim>, u64)> = inner
         .claims
         .iter()
-        .filter(|claim| claim.state().may_have_inside())
+        .filter(|claim| claim.state().may_have_inside() && (all || claim.deadline() <= horizon))
         .map(|claim| (Arc::clone(&claim), claim.grant()))
         .collect();
     let asked = held.iter().map(|(claim, grant)| (claim.key.clone(), *grant)).collect();
     let sent = inner.now();
-    let reply = renewer.renew(&inner.replica, asked, inner.timing.term);
-    InFlight { sent, held, reply: Box::pin(tokio::time::timeout(inner.timing.renew_timeout, reply)) }
+    let reply = renewer.renew(&inner.replica, asked, timing.term);
+    InFlight { sent, held, reply: Box::pin(tokio::time::timeout(timing.renew_timeout, reply)) }
 }
 
 async fn sleep_until(deadline: Option<Instant>) {

@@ -137,6 +137,8 @@ mod backend;
 mod cell;
 mod claim;
 mod keeper;
+#[cfg(all(test, loom))]
+mod loom_model;
 mod timing;
 
 use std::collections::HashSet;

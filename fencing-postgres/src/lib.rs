@@ -161,6 +161,7 @@
 //! let pool = fencing_postgres::pool(config.clone(), PoolLimits::default())?;
 //! let store = PgSharedStore::new(pool, config, PgFence::new());
 //! store.migrate().await?;
+//! store.ready().await?; // the background session that renews claims, open before serving
 //! let app: Router = Router::new()
 //!     .route("/jobs/{name}", post(|| async { "ran" }))
 //!     .route_layer(FencingLayer::new().shared_store(store));
@@ -168,8 +169,8 @@
 //! ```
 //!
 //! A request with the replica's current token costs no round trip and holds
-//! no connection; a replica uses one background connection of its own
-//! (renewals and `LISTEN`), and its pool only for the short transactions of a
+//! no connection; a replica uses one thread and one background connection of
+//! its own (renewals and `LISTEN`), and its pool only for the short transactions of a
 //! grant, a raise or a release. A key is fenced one way: through the shared
 //! store or in the transaction ([`FenceError::FencedByClaims`] and a 400 from
 //! the store refuse the mix). `claims.rs` and `shared.rs` in this crate give the

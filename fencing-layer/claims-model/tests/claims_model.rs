@@ -172,15 +172,18 @@
 //!
 //! Within one instant, events happen in any order; a deadline reached must be
 //! acted on before time moves on by a keeper that knows it and can run: this
-//! is the assumption that **no process is paused for longer than the term**
-//! (the documented residual: nobody can stop a process that is not running).
+//! is the assumption that **no process, nor its keeper thread, is stopped for
+//! longer than `term − margin` after the last renewal it sent** (the residual
+//! the code states: nobody can stop a process that is not running). Blocked
+//! application workers are not such a stop: the keeper runs on a thread of
+//! its own (`Block`).
 //! A keeper that does not know a deadline (`unarmed-deadline`) or cannot run
 //! (`keeper-on-workers`) lets time move on past it.
 //!
 //! # Assumptions and bounds
 //!
-//! - clocks drift by less than the margin over a term; no pause longer than
-//!   the term (above);
+//! - clocks drift by less than the margin over a term; no process or keeper
+//!   stopped for longer than `term − margin` after its last renewal (above);
 //! - one key (keys are independent: every statement and message names one);
 //! - tokens 1 to 3 (1 to 2 in `two_replicas_two_tokens` and under every
 //!   mutant, which needs no more); at most [`MAX_INSIDE`] request per claim

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::{HeaderName, Method, Request, Response};
 use tower_layer::Layer;
 
-use crate::key::{KeyFn, KeyRequest, Namespaced, OwnedKeyFn, PathKey};
+use crate::key::{KeyFn, KeyRequest, NAMESPACE_SEPARATOR, OwnedKeyFn, PathKey};
 use crate::methods::MethodSet;
 use crate::metrics::Metrics;
 use crate::rejection::Rejection;
@@ -107,6 +107,8 @@ pub(crate) struct Config {
     pub(crate) metrics: Metrics,
     /// Put the admitted token into the request extensions.
     pub(crate) token_extension: bool,
+    /// `{namespace}:` before every key, when set ([`FencingLayer::key_namespace`]).
+    pub(crate) namespace: Option<Arc<str>>,
 }
 
 /// The [`FencingLayer::unfenced_if`] predicate: shared, and debug-printable.
@@ -176,6 +178,15 @@ impl Config {
         }
     }
 
+    /// `key` under the layer's namespace, if it has one.
+    #[inline(always)]
+    pub(crate) fn namespaced<'r>(&self, key: Cow<'r, str>) -> Cow<'r, str> {
+        match &self.namespace {
+            None => key,
+            Some(prefix) => Cow::Owned([prefix, &*key].concat()),
+        }
+    }
+
     /// Whether admitted requests watch for a higher token (the cancel policy).
     pub(crate) fn watches_in_flight(&self) -> bool {
         self.policy == InFlightPolicy::Cancel
@@ -209,6 +220,7 @@ impl FencingLayer {
             grpc_statuses: true,
             unfenced_if: None,
             metrics: Metrics::new(),
+            namespace: None,
         };
         Self::from_parts(PathKey, ProblemJson, config)
     }
@@ -365,8 +377,10 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// Without it (the default) keys are stored as they are. `max_key_bytes`
     /// counts the prefix.
     ///
-    /// Call it after [`key_extractor`](Self::key_extractor) or
-    /// [`key_fn`](Self::key_fn), which replace the extractor it wraps.
+    /// The order of the builder calls does not matter: the namespace applies
+    /// to whatever extractor the layer ends up with
+    /// ([`key_extractor`](Self::key_extractor), [`key_fn`](Self::key_fn), the
+    /// path), before or after it is set. A second call replaces the first.
     ///
     /// ```
     /// use fencing_layer::{FencingLayer, MarkStore, key::HeaderKey};
@@ -374,8 +388,8 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// let store = MarkStore::in_memory(); // or MarkStore::open(path), once per process
     /// let tenants = FencingLayer::new()
     ///     .store(store.clone())
-    ///     .key_extractor(HeaderKey::new("x-tenant"))
-    ///     .key_namespace("tenants");
+    ///     .key_namespace("tenants")
+    ///     .key_extractor(HeaderKey::new("x-tenant"));
     /// let documents = FencingLayer::new().store(store).key_namespace("documents");
     /// # let _ = (tenants, documents);
     /// ```
@@ -384,9 +398,13 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     ///
     /// When `namespace` is empty or contains `:` ([`NAMESPACE_SEPARATOR`](crate::key::NAMESPACE_SEPARATOR)).
     #[track_caller]
-    pub fn key_namespace(self, namespace: &str) -> FencingLayer<Namespaced<E>, R> {
-        let Settings { extractor, responder, config } = Arc::unwrap_or_clone(self.settings);
-        FencingLayer::from_parts(Namespaced::new(namespace, extractor), responder, config)
+    pub fn key_namespace(self, namespace: &str) -> Self {
+        assert!(
+            !namespace.is_empty() && !namespace.contains(NAMESPACE_SEPARATOR),
+            "a key namespace is non-empty and has no {NAMESPACE_SEPARATOR:?}: {namespace:?}"
+        );
+        let prefix: Arc<str> = format!("{namespace}{NAMESPACE_SEPARATOR}").into();
+        self.with(|s| s.namespace = Some(prefix))
     }
 
     /// Keys requests with `extractor` instead of by path.

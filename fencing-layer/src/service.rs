@@ -122,6 +122,7 @@ where
             let why = settings.extractor.missing(&request);
             return ResponseFuture::rejected(settings, Rejection::MissingKey { why }, request.headers());
         };
+        let key = config.namespaced(key);
         if let Some(store) = &config.shared_store {
             return match store.0.try_admit(&key, token.get()) {
                 // Decided in memory: under this replica's claim, or below a mark it knows.

@@ -10,7 +10,7 @@ use super::progress::Progress;
 use super::report::{Ratios, RoundRow, TargetRow};
 use super::runner::{Plan, round};
 use super::schedule::Schedule;
-use super::tally::{Tally, micros};
+use super::tally::Tally;
 use super::target::Target;
 
 /// Everything the rounds saw.
@@ -67,21 +67,9 @@ pub fn run(
             drop(progress);
             let cpu =
                 cpu_before.zip(server_threads.and_then(threads_cpu_ns)).map(|(before, after)| after - before);
-            let rps = tally.requests() as f64 / seconds.as_secs_f64();
-            let row = RoundRow {
-                round: r,
-                target: target.label.clone(),
-                requests: tally.requests(),
-                requests_per_s: rps,
-                p50_us: micros(&tally.sent_latency, 0.5),
-                p99_us: micros(&tally.sent_latency, 0.99),
-                p999_us: micros(&tally.sent_latency, 0.999),
-                corrected_p99_us: (!tally.intended_latency.is_empty())
-                    .then(|| micros(&tally.intended_latency, 0.99)),
-                // Every request of the round, warm-up included, against the CPU time of the round.
-                server_cpu_ns_per_request: cpu.map(|ns| ns as f64 / tally.all_requests as f64),
-            };
-            print_round(&row, rounds, &tally);
+            let row = RoundRow::new(r, &target.label, &tally, seconds.as_secs_f64(), cpu);
+            let rps = row.requests_per_s;
+            eprintln!("{}", row.line(rounds, &loadavg()));
             round_rows.push(row);
             tallies[i].add(&tally);
             measured[i] += seconds;
@@ -93,8 +81,13 @@ pub fn run(
         .iter()
         .enumerate()
         .map(|(i, target)| {
-            let mut row =
-                TargetRow::new(target, &tallies[i], measured[i].as_secs_f64(), &mut per_round_rps[i]);
+            let mut row = TargetRow::new(
+                target,
+                &tallies[i],
+                measured[i].as_secs_f64(),
+                &mut per_round_rps[i],
+                plan.connections,
+            );
             row.server_cpu_ns_per_request =
                 server_threads.map(|_| cpu_ns[i] as f64 / tallies[i].all_requests as f64);
             row
@@ -118,26 +111,4 @@ pub fn run(
         _ => None,
     };
     Outcome { rounds: round_rows, rows, ratios, tallies }
-}
-
-fn print_round(row: &RoundRow, rounds: u32, tally: &Tally) {
-    let corrected =
-        row.corrected_p99_us.map(|us| format!("  corrected p99 {us:>8.1} us")).unwrap_or_default();
-    eprintln!(
-        "round {}/{rounds} {:<9} {:>9.0} req/s  p50 {:>7.1} us  p99 {:>7.1} us  p99.9 {:>7.1} us{corrected}  \
-         server {:>6.0} ns CPU/req  2xx {} 409 {} 400 {} other {} errors {}  load {}",
-        row.round,
-        row.target,
-        row.requests_per_s,
-        row.p50_us,
-        row.p99_us,
-        row.p999_us,
-        row.server_cpu_ns_per_request.unwrap_or(f64::NAN),
-        tally.ok,
-        tally.stale,
-        tally.bad_request,
-        tally.other_status,
-        tally.errors,
-        loadavg()
-    );
 }

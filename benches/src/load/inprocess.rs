@@ -11,14 +11,16 @@ use super::target::Target;
 use super::template::PathTemplate;
 
 /// The in-process targets the arguments ask for, served on `runtime`
-/// (`unfenced`, `fenced`, then `spin` and `shared` when asked for).
+/// (`unfenced`, `fenced`, then `spin` and `shared` when asked for), their keys after `key_prefix`.
 ///
 /// # Errors
 ///
-/// A listener cannot bind, or `--shared-postgres` cannot be reached or migrated.
+/// A listener cannot bind, `--shared-postgres` cannot be reached or migrated, or the
+/// path template is not valid.
 pub fn targets(
     runtime: &tokio::runtime::Runtime,
     args: &Args,
+    key_prefix: &str,
 ) -> Result<Vec<Target>, Box<dyn std::error::Error>> {
     let layer = fencing_layer::FencingLayer::new().token_extension(!args.no_token_extension);
     let mut routers = vec![
@@ -32,7 +34,9 @@ pub fn targets(
         let layer = runtime.block_on(shared_postgres_layer(config))?;
         routers.push(("shared", crate::standin::router_with(Some(layer))));
     }
-    let template = PathTemplate::parse(args.path.as_deref().unwrap_or(args.default_path()))?;
+    let template =
+        PathTemplate::parse(args.path.as_deref().unwrap_or(args.default_path()))?.with_key_prefix(key_prefix);
+    template.check()?;
     let mut targets = Vec::new();
     for (label, router) in routers {
         if args.only.as_deref().is_some_and(|only| only != label) {
@@ -49,10 +53,37 @@ pub fn targets(
     Ok(targets)
 }
 
+/// `--serve-only ADDR`: the fenced stand-in, as [`targets`] builds it, on `addr` (loopback
+/// only) in `runtime`, for another load generator.
+///
+/// # Errors
+///
+/// Not a loopback address, or the listener cannot bind.
+pub fn serve_fenced_at(
+    runtime: &tokio::runtime::Runtime,
+    args: &Args,
+    addr: SocketAddr,
+) -> Result<SocketAddr, Box<dyn std::error::Error>> {
+    if !addr.ip().is_loopback() {
+        return Err(format!("--serve-only {addr}: not a loopback address; refusing").into());
+    }
+    let layer = fencing_layer::FencingLayer::new().token_extension(!args.no_token_extension);
+    Ok(serve_on(runtime, crate::standin::router_with(Some(layer)), addr)?)
+}
+
 /// Starts `router` on `127.0.0.1:0` in `runtime`; returns its address.
 fn serve(runtime: &tokio::runtime::Runtime, router: axum::Router) -> std::io::Result<SocketAddr> {
+    serve_on(runtime, router, SocketAddr::from(([127, 0, 0, 1], 0)))
+}
+
+/// Starts `router` on `addr` in `runtime`; returns its address.
+fn serve_on(
+    runtime: &tokio::runtime::Runtime,
+    router: axum::Router,
+    addr: SocketAddr,
+) -> std::io::Result<SocketAddr> {
     use axum::serve::ListenerExt;
-    let listener = runtime.block_on(TcpListener::bind("127.0.0.1:0"))?;
+    let listener = runtime.block_on(TcpListener::bind(addr))?;
     let addr = listener.local_addr()?;
     let listener = listener.tap_io(|stream| {
         let _ = stream.set_nodelay(true);

@@ -1,4 +1,5 @@
-//! `--json PATH`: the run's settings, rows, ratios and broken thresholds as one JSON file.
+//! `--json PATH`: the run's settings, keys, rows, ratios, broken thresholds,
+//! validity and warnings as one JSON file.
 
 use serde::Serialize;
 
@@ -6,6 +7,37 @@ use crate::load::args::Args;
 use crate::load::compare::Measured;
 use crate::load::report;
 use crate::load::runner::Plan;
+
+/// What the run decided beyond its arguments, and what it concluded.
+#[derive(Debug, Serialize)]
+pub struct Verdict<'a> {
+    /// The run id in the keys (`load-<run id>-<n>`).
+    pub run_id: &'a str,
+    /// The text before each key's number in `{key}`.
+    pub key_prefix: &'a str,
+    /// Per target, in the order of `targets`: the lowest and highest first token of its
+    /// keys (they differ after `--start-above-mark`).
+    pub first_tokens: Vec<(u64, u64)>,
+    /// Against `--url`: the keys the run wrote to, whose marks stay (first and last path).
+    pub left_behind: Option<LeftBehind>,
+    /// Why the figures are not a measurement (exit 3); empty when they are.
+    pub invalid: &'a [String],
+    /// What the run warned about on stderr.
+    pub warnings: &'a [String],
+    /// Every threshold the run broke (exit 99).
+    pub violations: &'a [String],
+}
+
+/// The keys a run against `--url` leaves marks on.
+#[derive(Debug, Clone, Serialize)]
+pub struct LeftBehind {
+    /// How many keys.
+    pub keys: u32,
+    /// The path of key 0.
+    pub first: String,
+    /// The path of the last key.
+    pub last: String,
+}
 
 /// The JSON file of `--json`.
 #[derive(Debug, Serialize)]
@@ -19,6 +51,8 @@ pub struct JsonReport<'a> {
     malformed_pct: u8,
     new_holder_every: Option<u64>,
     keys: u32,
+    first_token: u64,
+    start_above_mark: bool,
     method: &'a str,
     body_bytes: usize,
     server_threads: Option<u32>,
@@ -30,8 +64,8 @@ pub struct JsonReport<'a> {
     targets: &'a [report::TargetRow],
     /// Present when there are two targets: the second (fenced) over the first (unfenced).
     ratios: Option<&'a report::Ratios>,
-    /// Every threshold the run broke.
-    violations: &'a [String],
+    #[serde(flatten)]
+    verdict: &'a Verdict<'a>,
 }
 
 impl<'a> JsonReport<'a> {
@@ -43,7 +77,7 @@ impl<'a> JsonReport<'a> {
         plan: &'a Plan,
         in_process: bool,
         measured: &'a Measured,
-        violations: &'a [String],
+        verdict: &'a Verdict<'a>,
     ) -> Self {
         let outcome = &measured.outcome;
         JsonReport {
@@ -56,6 +90,8 @@ impl<'a> JsonReport<'a> {
             malformed_pct: args.malformed_pct,
             new_holder_every: args.new_holder_every,
             keys: args.key_count(),
+            first_token: args.first_token,
+            start_above_mark: args.start_above_mark,
             method: plan.request.method.as_str(),
             body_bytes: plan.request.body.len(),
             server_threads: in_process.then_some(args.server_threads),
@@ -66,7 +102,7 @@ impl<'a> JsonReport<'a> {
             rounds_detail: &outcome.rounds,
             targets: &outcome.rows,
             ratios: outcome.ratios.as_ref(),
-            violations,
+            verdict,
         }
     }
 }

@@ -14,6 +14,8 @@
 //! assert_eq!(median(&mut [1.0, 0.9]), 0.95);
 //! ```
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::tally::{Tally, micros};
@@ -35,10 +37,89 @@ pub struct RoundRow {
     pub p99_us: f64,
     /// See `p50_us`.
     pub p999_us: f64,
+    /// Open loop: p50 from the intended send time.
+    pub corrected_p50_us: Option<f64>,
     /// Open loop: p99 from the intended send time.
     pub corrected_p99_us: Option<f64>,
+    /// Open loop: how late requests went out after their slots, median.
+    pub send_lag_p50_us: Option<f64>,
+    /// See `send_lag_p50_us`: 99th percentile.
+    pub send_lag_p99_us: Option<f64>,
+    /// See `send_lag_p50_us`: largest.
+    pub send_lag_max_us: Option<f64>,
     /// On-CPU time of the in-process server's threads per request (both servers share them).
     pub server_cpu_ns_per_request: Option<f64>,
+    /// Answers by status, as in the summary ([`TargetRow`]).
+    pub status_2xx: u64,
+    /// See `status_2xx`.
+    pub status_409: u64,
+    /// See `status_2xx`.
+    pub status_400: u64,
+    /// Any other status (404 included).
+    pub status_other: u64,
+    /// Requests without an answer (connection refused or dropped, timeout).
+    pub errors: u64,
+}
+
+impl RoundRow {
+    /// Round `round` of `target`: `tally` over `seconds` measured; `cpu_ns`: the in-process
+    /// servers' CPU time over the round (divided by every answer, warm-up included).
+    #[must_use]
+    pub fn new(round: u32, target: &str, tally: &Tally, seconds: f64, cpu_ns: Option<u64>) -> Self {
+        let open = !tally.intended_latency.is_empty();
+        let lag = |q: f64| (!tally.send_lag.is_empty()).then(|| micros(&tally.send_lag, q));
+        Self {
+            round,
+            target: target.to_owned(),
+            requests: tally.requests(),
+            requests_per_s: tally.requests() as f64 / seconds,
+            p50_us: micros(&tally.sent_latency, 0.5),
+            p99_us: micros(&tally.sent_latency, 0.99),
+            p999_us: micros(&tally.sent_latency, 0.999),
+            corrected_p50_us: open.then(|| micros(&tally.intended_latency, 0.5)),
+            corrected_p99_us: open.then(|| micros(&tally.intended_latency, 0.99)),
+            send_lag_p50_us: lag(0.5),
+            send_lag_p99_us: lag(0.99),
+            send_lag_max_us: lag(1.0),
+            server_cpu_ns_per_request: cpu_ns.map(|ns| ns as f64 / tally.all_requests as f64),
+            status_2xx: tally.ok,
+            status_409: tally.stale,
+            status_400: tally.bad_request,
+            status_other: tally.other_status,
+            errors: tally.errors,
+        }
+    }
+
+    /// The round's line on stderr: the same counts, named the same way, as the summary's.
+    #[must_use]
+    pub fn line(&self, rounds: u32, loadavg: &str) -> String {
+        let corrected = match (self.corrected_p50_us, self.corrected_p99_us) {
+            (Some(p50), Some(p99)) => format!("  corrected p50 {p50:>7.1} p99 {p99:>8.1} us"),
+            _ => String::new(),
+        };
+        let lag = match (self.send_lag_p50_us, self.send_lag_p99_us, self.send_lag_max_us) {
+            (Some(p50), Some(p99), Some(max)) => {
+                format!("  sent late p50 {p50:.1} p99 {p99:.1} max {max:.1} us")
+            }
+            _ => String::new(),
+        };
+        format!(
+            "round {}/{rounds} {:<9} {:>9.0} req/s  p50 {:>7.1} us  p99 {:>7.1} us  p99.9 {:>7.1} us{corrected}{lag}  \
+             server {:>6.0} ns CPU/req  2xx {} 409 {} 400 {} other {} errors {}  load {loadavg}",
+            self.round,
+            self.target,
+            self.requests_per_s,
+            self.p50_us,
+            self.p99_us,
+            self.p999_us,
+            self.server_cpu_ns_per_request.unwrap_or(f64::NAN),
+            self.status_2xx,
+            self.status_409,
+            self.status_400,
+            self.status_other,
+            self.errors,
+        )
+    }
 }
 
 /// Latency percentiles in microseconds.
@@ -101,10 +182,16 @@ pub struct TargetRow {
     pub status_409: u64,
     /// See `status_2xx`.
     pub status_400: u64,
-    /// See `status_2xx`.
+    /// Any other status (404 included).
     pub status_other: u64,
+    /// `status_other` by code (`{"404": 1234}`).
+    pub status_other_by_code: BTreeMap<u16, u64>,
     /// Requests without an answer (connection refused or dropped, timeout).
     pub errors: u64,
+    /// Of `errors`: connections that could not be opened.
+    pub connect_errors: u64,
+    /// The connections of each round.
+    pub connections: u32,
     /// Open loop: slots never sent because the target was too slow.
     pub missed: u64,
 }
@@ -117,6 +204,7 @@ impl TargetRow {
         tally: &Tally,
         measured_s: f64,
         per_round: &mut [f64],
+        connections: u32,
     ) -> Self {
         Self {
             target: target.label.clone(),
@@ -136,9 +224,18 @@ impl TargetRow {
             status_409: tally.stale,
             status_400: tally.bad_request,
             status_other: tally.other_status,
+            status_other_by_code: tally.other_by_status.clone(),
             errors: tally.errors,
+            connect_errors: tally.connect_errors,
+            connections,
             missed: tally.missed,
         }
+    }
+
+    /// Answers measured, whatever their status.
+    #[must_use]
+    pub fn answered(&self) -> u64 {
+        self.status_2xx + self.status_409 + self.status_400 + self.status_other
     }
 
     /// The latencies to judge by: corrected in the open loop, as sent in the closed loop.
@@ -216,7 +313,7 @@ pub fn median(values: &mut [f64]) -> f64 {
 /// Prints the table, one row per target, and the ratios, on stdout.
 pub fn print(rows: &[TargetRow], ratios: Option<&Ratios>) {
     println!(
-        "{:<9} {:>10} {:>11} {:>14} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>6} {:>6} {:>6}",
+        "{:<9} {:>10} {:>11} {:>14} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>6} {:>6} {:>6} {:>6}",
         "target",
         "requests",
         "req/s",
@@ -229,11 +326,12 @@ pub fn print(rows: &[TargetRow], ratios: Option<&Ratios>) {
         "2xx",
         "409",
         "400",
+        "other",
         "errors"
     );
     for row in rows {
         println!(
-            "{:<9} {:>10} {:>11.0} {:>14.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.0} ns {:>8} {:>6} {:>6} {:>6}",
+            "{:<9} {:>10} {:>11.0} {:>14.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.0} ns {:>8} {:>6} {:>6} {:>6} {:>6}",
             row.target,
             row.requests,
             row.requests_per_s,
@@ -246,7 +344,8 @@ pub fn print(rows: &[TargetRow], ratios: Option<&Ratios>) {
             row.status_2xx,
             row.status_409,
             row.status_400,
-            row.errors + row.status_other
+            row.status_other,
+            row.errors
         );
     }
     if rows.iter().any(|row| row.corrected.is_some()) {
@@ -256,7 +355,7 @@ pub fn print(rows: &[TargetRow], ratios: Option<&Ratios>) {
         for row in rows {
             if let Some(c) = row.corrected {
                 println!(
-                    "{:<9} {:>10} {:>11} {:>14} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   missed slots {}, sent late by p50 {:.1} p99 {:.1} us",
+                    "{:<9} {:>10} {:>11} {:>14} {:>9.1} {:>9.1} {:>9.1} {:>9.1}   missed slots {}, sent late by p50 {:.1} p99 {:.1} max {:.1} us",
                     row.target,
                     "",
                     "",
@@ -267,7 +366,8 @@ pub fn print(rows: &[TargetRow], ratios: Option<&Ratios>) {
                     c.max_us,
                     row.missed,
                     row.send_lag.map_or(f64::NAN, |l| l.p50_us),
-                    row.send_lag.map_or(f64::NAN, |l| l.p99_us)
+                    row.send_lag.map_or(f64::NAN, |l| l.p99_us),
+                    row.send_lag.map_or(f64::NAN, |l| l.max_us)
                 );
             }
         }

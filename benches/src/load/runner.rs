@@ -8,20 +8,37 @@
 //! counted from its slot, not from when it went out: a target that stalls
 //! shows the stall in every request that should have been sent meanwhile,
 //! which the closed loop (and the "as sent" histogram) leaves out.
+//!
+//! The slots are kept by a [`Pacer`], a thread of its own that sleeps until
+//! [`SPIN`] before each slot, spins the rest of the way and then releases
+//! the slot's connection: tokio's timer wakes on millisecond ticks, which made
+//! every send about 1 ms late, and the corrected latency of a sub-millisecond
+//! service mostly the generator's own. At high rates it spins for at most a
+//! tenth of the time between slots, so that it never takes much of a core from
+//! the target. How late each request still went out is measured
+//! ([`Tally::send_lag`]) and reported beside the latencies.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use http::{HeaderName, HeaderValue, Request, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 
 use super::request::RequestSpec;
-use super::schedule::{FIRST_TOKEN, MALFORMED_TOKEN, STALE_TOKEN, Schedule, Token};
+use super::schedule::{MALFORMED_TOKEN, STALE_TOKEN, Schedule, Token};
 use super::tally::Tally;
 use super::target::Target;
+
+/// How long before each open-loop slot the pacer stops sleeping and spins (at most a
+/// tenth of the time between slots): above the usual lateness of a Linux sleep (a
+/// default timer slack of 50 µs plus the wake-up, about 100 µs here), and short
+/// enough that spinning costs little at low rates.
+pub const SPIN: Duration = Duration::from_micros(200);
 
 /// How long after the end of a round a request may still take before it counts as an error.
 const GRACE: Duration = Duration::from_secs(10);
@@ -43,6 +60,33 @@ pub struct Plan {
     pub warmup: Duration,
 }
 
+impl Plan {
+    /// The request to `path` (on the replica whose `Host` is `host`) with `token`.
+    ///
+    /// # Panics
+    ///
+    /// On a path that is not a valid URI: templates are checked at start.
+    #[must_use]
+    pub fn request(
+        &self,
+        host: &HeaderValue,
+        path: String,
+        token: HeaderValue,
+    ) -> Request<Full<bytes::Bytes>> {
+        let mut request = Request::builder()
+            .method(self.request.method.clone())
+            .uri(path)
+            .header(header::HOST, host.clone());
+        for (name, value) in &self.request.headers {
+            request = request.header(name, value.clone());
+        }
+        request
+            .header(&self.token_header, token)
+            .body(Full::new(self.request.body.clone()))
+            .expect("a template checked at start and valid headers")
+    }
+}
+
 /// One round against `target`; `done` counts answers as they come (for the progress display).
 /// Returns what it saw and how long it measured.
 pub async fn round(
@@ -54,12 +98,17 @@ pub async fn round(
     let start = Instant::now();
     let record_from = start + plan.warmup;
     let end = start + plan.duration;
+    let window = Window { start, record_from, end };
+    let pacer =
+        plan.rate.map(|rate| Pacer::start(window, Duration::from_secs_f64(1.0 / rate), plan.connections));
     let tasks: Vec<_> = (0..plan.connections)
         .map(|conn| {
-            let window = Window { start, record_from, end };
+            let gate = pacer.as_ref().map(|p| (p.step, Arc::clone(&p.gates[conn as usize])));
             let (target, schedule, plan, done) =
                 (target.clone(), Arc::clone(schedule), Arc::clone(plan), Arc::clone(done));
-            tokio::spawn(async move { connection(&target, conn, &schedule, &plan, window, &done).await })
+            tokio::spawn(
+                async move { connection(&target, conn, &schedule, &plan, window, gate, &done).await },
+            )
         })
         .collect();
     let mut tally = Tally::new();
@@ -68,6 +117,10 @@ pub async fn round(
             Ok(t) => tally.add(&t),
             Err(_) => tally.errors += 1,
         }
+    }
+    if let Some(pacer) = pacer {
+        // Every connection is done: a pacer still sleeping towards the end stops at once.
+        let _ = tokio::task::spawn_blocking(move || pacer.stop()).await;
     }
     (tally, end.saturating_duration_since(record_from.min(end)))
 }
@@ -79,48 +132,153 @@ struct Window {
     end: Instant,
 }
 
-/// One keep-alive connection sending until the end of the round.
+/// Open loop: slot `j` of the round, counted over all connections (connection
+/// `j % connections`, its request `j / connections`), is at `start + j × step`.
+fn slot(start: Instant, step: Duration, j: u64) -> Instant {
+    start + step.mul_f64(j as f64)
+}
+
+/// The open loop's clock: a thread that releases each slot to its connection on time.
+///
+/// Each connection has a gate (a semaphore): the pacer adds one permit at each
+/// of the connection's slots, and the connection takes one before each request.
+/// A connection still busy with an earlier answer finds its permit waiting and
+/// sends at once, late, which its send lag records.
+#[derive(Debug)]
+pub struct Pacer {
+    step: Duration,
+    gates: Vec<Arc<Semaphore>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Pacer {
+    fn start(window: Window, step: Duration, connections: u32) -> Self {
+        let gates: Vec<_> = (0..connections).map(|_| Arc::new(Semaphore::new(0))).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = {
+            let (gates, stop) = (gates.clone(), Arc::clone(&stop));
+            std::thread::Builder::new()
+                .name("pacer".into())
+                .spawn(move || pace(window, step, &gates, &stop))
+                .expect("a thread for the open loop's pacer")
+        };
+        Self { step, gates, stop, thread: Some(thread) }
+    }
+
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The pacer's loop: every slot before the end of the round, released on time.
+fn pace(window: Window, step: Duration, gates: &[Arc<Semaphore>], stop: &AtomicBool) {
+    // Should this thread die, the connections waiting at their gates stop too.
+    struct CloseOnUnwind<'a>(&'a [Arc<Semaphore>]);
+    impl Drop for CloseOnUnwind<'_> {
+        fn drop(&mut self) {
+            if std::thread::panicking() {
+                self.0.iter().for_each(|gate| gate.close());
+            }
+        }
+    }
+    let _guard = CloseOnUnwind(gates);
+    let n = gates.len() as u64;
+    let spin = SPIN.min(step / 10);
+    for j in 0u64.. {
+        let at = slot(window.start, step, j);
+        if at >= window.end || !wait_until(at, spin, stop) {
+            break;
+        }
+        gates[(j % n) as usize].add_permits(1);
+    }
+}
+
+/// Sleeps until `spin` before `at`, then spins until `at`. False if told to stop meanwhile.
+fn wait_until(at: Instant, spin: Duration, stop: &AtomicBool) -> bool {
+    loop {
+        if stop.load(Ordering::Relaxed) {
+            return false;
+        }
+        let now = Instant::now();
+        if now >= at {
+            return true;
+        }
+        let left = at - now;
+        if left > spin {
+            // In slices, so that a stop is seen within 50 ms even at a low rate.
+            std::thread::sleep((left - spin).min(Duration::from_millis(50)));
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// A keep-alive HTTP/1.1 connection to `addr`, its driver running on the runtime.
+///
+/// # Errors
+///
+/// The connection or the handshake failed.
+pub async fn open(
+    addr: std::net::SocketAddr,
+) -> std::io::Result<(hyper::client::conn::http1::SendRequest<Full<bytes::Bytes>>, tokio::task::JoinHandle<()>)>
+{
+    let stream = TcpStream::connect(addr).await?;
+    let _ = stream.set_nodelay(true);
+    let (sender, driver) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(std::io::Error::other)?;
+    let driver = tokio::spawn(async move {
+        let _ = driver.await;
+    });
+    Ok((sender, driver))
+}
+
+/// One keep-alive connection sending until the end of the round; `gate`: the open loop's
+/// step between slots and this connection's gate from the [`Pacer`].
 async fn connection(
     target: &Target,
     conn: u32,
     schedule: &Schedule,
     plan: &Plan,
     window: Window,
+    gate: Option<(Duration, Arc<Semaphore>)>,
     done: &AtomicU64,
 ) -> Tally {
     let mut tally = Tally::new();
     let (addr, host) = &target.replicas[conn as usize % target.replicas.len()];
-    let Ok(stream) = TcpStream::connect(addr).await else {
+    let Ok((mut sender, driver)) = open(*addr).await else {
         tally.errors += 1;
+        tally.connect_errors += 1;
         return tally;
     };
-    let _ = stream.set_nodelay(true);
-    let Ok((mut sender, driver)) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await else {
-        tally.errors += 1;
-        return tally;
-    };
-    let driver = tokio::spawn(driver);
-    // Open loop: this connection's slots, `interval` apart, staggered so that
-    // the connections do not all send at the same instant.
-    let interval = plan.rate.map(|rate| Duration::from_secs_f64(f64::from(plan.connections) / rate));
-    let offset =
-        interval.map_or(Duration::ZERO, |i| i.mul_f64(f64::from(conn) / f64::from(plan.connections)));
+    let connections = u64::from(plan.connections);
     let mut rng = schedule.rng(conn);
-    let first_token = HeaderValue::from(FIRST_TOKEN);
+    // The first token of the key this connection wrote last, as a header (most requests carry it).
+    let mut cached: Option<(u64, HeaderValue)> = None;
     for seq in 0u64.. {
-        let intended = match interval {
-            Some(interval) => {
-                let slot = window.start + offset + interval.mul_f64(seq as f64);
+        let intended = match &gate {
+            Some((step, gate)) => {
+                let slot = slot(window.start, *step, seq * connections + u64::from(conn));
                 if slot >= window.end {
                     break;
                 }
                 if Instant::now() >= window.end {
                     // Late past the end: the slots left before the end were never sent.
-                    let left = window.end.duration_since(slot).as_secs_f64() / interval.as_secs_f64();
+                    let interval = step.as_secs_f64() * connections as f64;
+                    let left = window.end.duration_since(slot).as_secs_f64() / interval;
                     tally.missed += left.ceil() as u64;
                     break;
                 }
-                tokio::time::sleep_until(slot.into()).await;
+                match gate.acquire().await {
+                    Ok(permit) => permit.forget(),
+                    Err(_) => {
+                        tally.errors += 1;
+                        break;
+                    }
+                }
                 slot
             }
             None => Instant::now(),
@@ -129,22 +287,18 @@ async fn connection(
             break;
         }
         let token = match schedule.next(conn, seq, &mut rng) {
-            Token::Valid(FIRST_TOKEN) => first_token.clone(),
-            Token::Valid(token) => HeaderValue::from(token),
+            Token::Valid(token) => match &cached {
+                Some((t, value)) if *t == token => value.clone(),
+                _ => {
+                    let value = HeaderValue::from(token);
+                    cached = Some((token, value.clone()));
+                    value
+                }
+            },
             Token::Stale => HeaderValue::from_static(STALE_TOKEN),
             Token::Malformed => HeaderValue::from_static(MALFORMED_TOKEN),
         };
-        let mut request = Request::builder()
-            .method(plan.request.method.clone())
-            .uri(target.template.expand(conn, seq, schedule.key(conn, seq)))
-            .header(header::HOST, host.clone());
-        for (name, value) in &plan.request.headers {
-            request = request.header(name, value.clone());
-        }
-        let request = request
-            .header(&plan.token_header, token)
-            .body(Full::new(plan.request.body.clone()))
-            .expect("a template checked at start and valid headers");
+        let request = plan.request(host, target.template.expand(conn, seq, schedule.key(conn, seq)), token);
         let sent = Instant::now();
         let exchange = async {
             sender.ready().await.ok()?;
@@ -164,7 +318,7 @@ async fn connection(
             continue;
         }
         tally.sent_latency.saturating_record(nanos(answered - sent));
-        if interval.is_some() {
+        if gate.is_some() {
             tally.intended_latency.saturating_record(nanos(answered - intended));
             tally.send_lag.saturating_record(nanos(sent - intended));
         }

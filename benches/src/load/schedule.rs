@@ -3,7 +3,8 @@
 //! Request `s` of connection `c` writes to key `(c + s × connections) % keys`:
 //! with as many keys as connections (the default) each connection keeps its
 //! own key, with fewer they share, with more they take turns. Every key has a holder whose
-//! token starts at [`FIRST_TOKEN`]; with `new_holder_every = Some(n)` the key
+//! token starts at the key's first token ([`FIRST_TOKEN`] unless set: `--first-token`, or
+//! above the key's mark with `--start-above-mark`); with `new_holder_every = Some(n)` the key
 //! gets a new holder (the token rises by one) every `n` valid requests to it,
 //! counted over all connections writing to it, so raises, and the drains that
 //! go with them, happen under load. When several connections share a key, a
@@ -18,14 +19,19 @@
 //! let mut rng = schedule.rng(0);
 //! let tokens: Vec<Token> = (0..5).map(|seq| schedule.next(0, seq, &mut rng)).collect();
 //! assert_eq!(tokens, [Token::Valid(1000), Token::Valid(1000), Token::Valid(1001), Token::Valid(1001), Token::Valid(1002)]);
+//!
+//! // Per key first tokens (`--start-above-mark`): key 1 had a mark of 41.
+//! let schedule = Schedule::new(2, 2, None, 0, 0).with_first_tokens(vec![1000, 42]);
+//! assert_eq!(schedule.next(1, 0, &mut schedule.rng(1)), Token::Valid(42));
 //! ```
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Every holder's first token.
+/// Every holder's first token unless set (`--first-token`).
 pub const FIRST_TOKEN: u64 = 1000;
-/// A token below every holder's: refused with 409 by a fenced target.
-pub const STALE_TOKEN: &str = "1";
+/// A token below every holder's (first tokens are at least 1): refused with 409 by a
+/// fenced target once the key has a mark.
+pub const STALE_TOKEN: &str = "0";
 /// Not a token at all (a leading zero and a letter): refused with 400 by a fenced target.
 pub const MALFORMED_TOKEN: &str = "01x";
 
@@ -48,8 +54,16 @@ pub struct Schedule {
     new_holder_every: Option<u64>,
     stale_pct: u8,
     malformed_pct: u8,
+    /// Every key's first token, or each key's own (`--start-above-mark`).
+    first: FirstTokens,
     /// Valid requests sent to each key so far (only counted with `new_holder_every`).
     sent: Vec<AtomicU64>,
+}
+
+#[derive(Debug)]
+enum FirstTokens {
+    All(u64),
+    PerKey(Vec<u64>),
 }
 
 impl Schedule {
@@ -71,8 +85,43 @@ impl Schedule {
             new_holder_every: new_holder_every.filter(|&n| n > 0),
             stale_pct,
             malformed_pct,
+            first: FirstTokens::All(FIRST_TOKEN),
             sent: (0..counters).map(|_| AtomicU64::new(0)).collect(),
         }
+    }
+
+    /// The same schedule with every key's first token `first` (at least 1, so that
+    /// [`STALE_TOKEN`] stays below it).
+    #[must_use]
+    pub fn with_first_token(mut self, first: u64) -> Self {
+        self.first = FirstTokens::All(first.max(1));
+        self
+    }
+
+    /// The same schedule with key `k`'s first token `firsts[k]` (each at least 1; keys past
+    /// the end of `firsts` start at [`FIRST_TOKEN`]).
+    #[must_use]
+    pub fn with_first_tokens(mut self, firsts: Vec<u64>) -> Self {
+        self.first = FirstTokens::PerKey(firsts.into_iter().map(|t| t.max(1)).collect());
+        self
+    }
+
+    /// Key `key`'s first token.
+    #[must_use]
+    pub fn first_token(&self, key: u32) -> u64 {
+        match &self.first {
+            FirstTokens::All(first) => *first,
+            FirstTokens::PerKey(firsts) => firsts.get(key as usize).copied().unwrap_or(FIRST_TOKEN),
+        }
+    }
+
+    /// The share of answers a fenced target should give 409, when the schedule can say:
+    /// `stale_pct` percent. `None` when new holders take over keys that several
+    /// connections share, which makes some in-flight requests stale by a race.
+    #[must_use]
+    pub fn expected_409_share(&self) -> Option<f64> {
+        let races = self.new_holder_every.is_some() && self.keys != self.connections;
+        (!races).then(|| f64::from(self.stale_pct) / 100.0)
     }
 
     /// The key of connection `conn`'s request number `seq`.
@@ -99,11 +148,12 @@ impl Schedule {
                 return Token::Malformed;
             }
         }
+        let key = self.key(conn, seq);
         match self.new_holder_every {
-            None => Token::Valid(FIRST_TOKEN),
+            None => Token::Valid(self.first_token(key)),
             Some(every) => {
-                let sent = self.sent[self.key(conn, seq) as usize].fetch_add(1, Ordering::Relaxed);
-                Token::Valid(FIRST_TOKEN + sent / every)
+                let sent = self.sent[key as usize].fetch_add(1, Ordering::Relaxed);
+                Token::Valid(self.first_token(key).saturating_add(sent / every))
             }
         }
     }

@@ -13,6 +13,8 @@
 //! assert!(std::ptr::eq(round.latency(), &round.sent_latency));
 //! ```
 
+use std::collections::BTreeMap;
+
 use hdrhistogram::Histogram;
 
 /// Counts and latencies (nanoseconds).
@@ -25,9 +27,9 @@ pub struct Tally {
     /// coordinated omission. Empty in the closed loop.
     pub intended_latency: Histogram<u64>,
     /// Open loop only: how late each request went out after its slot. The
-    /// generator's own share of the corrected latency: tokio's timer wakes on
-    /// millisecond ticks (wrk2 rounds its waits to milliseconds too), and a
-    /// busy client thread adds its own delay.
+    /// generator's own share of the corrected latency: the pacing thread's
+    /// wake-up and hand-over (tens of microseconds), a busy client thread, and
+    /// a target still answering the connection's previous request.
     pub send_lag: Histogram<u64>,
     /// 2xx answers.
     pub ok: u64,
@@ -35,10 +37,14 @@ pub struct Tally {
     pub stale: u64,
     /// 400 answers (malformed token).
     pub bad_request: u64,
-    /// Any other status.
+    /// Any other status (404 included).
     pub other_status: u64,
+    /// The statuses counted in `other_status`, by code.
+    pub other_by_status: BTreeMap<u16, u64>,
     /// Connections that failed, requests that got no response.
     pub errors: u64,
+    /// Of `errors`: connections that could not be opened (refused, most often).
+    pub connect_errors: u64,
     /// Every request answered, warm-up included.
     pub all_requests: u64,
     /// Open loop: requests whose slot came before the end of the round but
@@ -68,7 +74,9 @@ impl Tally {
             stale: 0,
             bad_request: 0,
             other_status: 0,
+            other_by_status: BTreeMap::new(),
             errors: 0,
+            connect_errors: 0,
             all_requests: 0,
             missed: 0,
         }
@@ -83,7 +91,11 @@ impl Tally {
         self.stale += other.stale;
         self.bad_request += other.bad_request;
         self.other_status += other.other_status;
+        for (status, n) in &other.other_by_status {
+            *self.other_by_status.entry(*status).or_default() += n;
+        }
         self.errors += other.errors;
+        self.connect_errors += other.connect_errors;
         self.all_requests += other.all_requests;
         self.missed += other.missed;
     }
@@ -94,8 +106,17 @@ impl Tally {
             200..=299 => self.ok += 1,
             409 => self.stale += 1,
             400 => self.bad_request += 1,
-            _ => self.other_status += 1,
+            _ => {
+                self.other_status += 1;
+                *self.other_by_status.entry(status).or_default() += 1;
+            }
         }
+    }
+
+    /// Answers measured (after the warm-up), whatever their status.
+    #[must_use]
+    pub fn answered(&self) -> u64 {
+        self.ok + self.stale + self.bad_request + self.other_status
     }
 
     /// Requests measured (after the warm-up).

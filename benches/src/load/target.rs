@@ -3,15 +3,15 @@
 //! `--url http://127.0.0.1:8080/api/docs/{key}` names the address and the
 //! path; several replicas are separated by commas (connection `i` goes to
 //! replica `i % n`) and must share the path. A URL without a path uses the
-//! default template (`/logs/load-{key}`, the demo's route).
+//! default template (`/logs/{key}`, the demo's route).
 //!
 //! ```
 //! use fencing_benches::load::target::Target;
 //!
-//! let t = Target::parse("target", "http://127.0.0.1:8080/api/docs/{key}", None, "/logs/load-{key}").unwrap();
+//! let t = Target::parse("target", "http://127.0.0.1:8080/api/docs/{key}", None, "/logs/{key}").unwrap();
 //! assert_eq!(t.template.as_str(), "/api/docs/{key}");
-//! let t = Target::parse("target", "http://127.0.0.1:8080", None, "/logs/load-{key}").unwrap();
-//! assert_eq!(t.template.as_str(), "/logs/load-{key}");
+//! let t = Target::parse("target", "http://127.0.0.1:8080", None, "/logs/{key}").unwrap();
+//! assert_eq!(t.template.as_str(), "/logs/{key}");
 //! assert!(Target::parse("target", "http://192.0.2.1:80", None, "/").is_err());
 //! ```
 
@@ -74,6 +74,17 @@ impl Target {
         }
         targets.push(fenced);
         Ok(targets)
+    }
+
+    /// The same target with `prefix` before every `{key}`'s number.
+    ///
+    /// # Errors
+    ///
+    /// The prefix makes the path invalid.
+    pub fn with_key_prefix(mut self, prefix: &str) -> Result<Self, String> {
+        self.template = self.template.with_key_prefix(prefix);
+        self.template.check()?;
+        Ok(self)
     }
 
     /// The replicas' base URLs, comma-separated.

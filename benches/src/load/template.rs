@@ -1,14 +1,20 @@
 //! A request path with placeholders, expanded per request.
 //!
 //! `{conn}` is the connection's number, `{seq}` the request's number on its
-//! connection (from 0) and `{key}` the fencing key's number (see
-//! [`schedule`](super::schedule)). `{{` and `}}` are literal braces.
+//! connection (from 0) and `{key}` the fencing key: its number (see
+//! [`schedule`](super::schedule)) after the run's key prefix (`fencing-load`
+//! sets `load-<run id>-`, so that a run only ever writes to keys of its own).
+//! `{{` and `}}` are literal braces.
 //!
 //! ```
 //! use fencing_benches::load::template::PathTemplate;
 //!
 //! let template = PathTemplate::parse("/api/docs/{key}?n={seq}").unwrap();
 //! assert_eq!(template.expand(3, 7, 1), "/api/docs/1?n=7");
+//! let template = template.with_key_prefix("load-5f3a9c21-");
+//! assert_eq!(template.expand(3, 7, 1), "/api/docs/load-5f3a9c21-1?n=7");
+//! assert!(template.key_in_path());
+//! assert!(!PathTemplate::parse("/api/docs/hot?k={key}").unwrap().key_in_path());
 //! assert!(PathTemplate::parse("/api/{user}").is_err());
 //! ```
 
@@ -28,6 +34,7 @@ enum Piece {
 pub struct PathTemplate {
     pieces: Vec<Piece>,
     source: String,
+    key_prefix: String,
 }
 
 impl PathTemplate {
@@ -85,12 +92,36 @@ impl PathTemplate {
         if !literal.is_empty() {
             pieces.push(Piece::Literal(literal));
         }
-        let parsed = Self { pieces, source: template.to_owned() };
-        let sample = parsed.expand(0, 0, 0);
+        let parsed = Self { pieces, source: template.to_owned(), key_prefix: String::new() };
+        parsed.check()?;
+        Ok(parsed)
+    }
+
+    /// The same template with `prefix` before every `{key}`'s number; [`PathTemplate::check`]
+    /// says whether the prefix keeps the path valid.
+    #[must_use]
+    pub fn with_key_prefix(mut self, prefix: &str) -> Self {
+        prefix.clone_into(&mut self.key_prefix);
+        self
+    }
+
+    /// The text before every `{key}`'s number (empty unless set).
+    #[must_use]
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+
+    /// Whether the expanded template is a valid URI path and query.
+    ///
+    /// # Errors
+    ///
+    /// Names the template and the invalid expansion.
+    pub fn check(&self) -> Result<(), String> {
+        let sample = self.expand(0, 0, 0);
         sample
             .parse::<http::uri::PathAndQuery>()
-            .map_err(|e| format!("path template {template:?}: {sample:?} is not a valid path: {e}"))?;
-        Ok(parsed)
+            .map(|_| ())
+            .map_err(|e| format!("path template {:?}: {sample:?} is not a valid path: {e}", self.source))
     }
 
     /// The path for connection `conn`'s request number `seq` on key `key`.
@@ -103,7 +134,7 @@ impl PathTemplate {
                 Piece::Literal(s) => out.write_str(s),
                 Piece::Conn => write!(out, "{conn}"),
                 Piece::Seq => write!(out, "{seq}"),
-                Piece::Key => write!(out, "{key}"),
+                Piece::Key => write!(out, "{}{key}", self.key_prefix),
             };
         }
         out
@@ -113,6 +144,20 @@ impl PathTemplate {
     #[must_use]
     pub fn uses_key(&self) -> bool {
         self.pieces.contains(&Piece::Key)
+    }
+
+    /// Whether `{key}` is in the path, before any `?`: then every key of the
+    /// run is a path of its own (the layer's default key is the path, without the query).
+    #[must_use]
+    pub fn key_in_path(&self) -> bool {
+        for piece in &self.pieces {
+            match piece {
+                Piece::Key => return true,
+                Piece::Literal(s) if s.contains('?') => return false,
+                _ => {}
+            }
+        }
+        false
     }
 
     /// The template as given.

@@ -47,3 +47,40 @@ async fn namespaces_keep_two_routers_keys_apart_on_one_store() {
     assert_eq!(put_with(&router, "/accounts/acme", "other", 12).await, StatusCode::CONFLICT);
     assert_eq!(store.marks(), vec![("acme".to_owned(), 100)]);
 }
+
+/// The namespace applies whatever the order of the builder calls: set before
+/// the extractor (the natural order), after it, before a `key_fn`, or on the
+/// default path key. The 409's body names the namespaced key too.
+#[tokio::test]
+async fn the_namespace_applies_in_either_builder_order() {
+    let store = MarkStore::in_memory();
+    let before =
+        FencingLayer::new().store(store.clone()).key_namespace("docs").key_extractor(PathParamKey::new("id"));
+    let after = FencingLayer::new()
+        .store(store.clone())
+        .key_extractor(PathParamKey::new("id"))
+        .key_namespace("notes");
+    let closure =
+        FencingLayer::new().store(store.clone()).key_namespace("tenants").key_fn(|r| r.header("x-tenant"));
+    let path = FencingLayer::new().store(store.clone()).key_namespace("paths");
+    let router = Router::new()
+        .route("/docs/{id}", put(|| async {}).route_layer(before))
+        .route("/notes/{id}", put(|| async {}).route_layer(after))
+        .route("/settings", put(|| async {}).route_layer(closure))
+        .route("/plain", put(|| async {}).route_layer(path));
+    assert_eq!(put_with(&router, "/docs/42", "t", 7).await, StatusCode::OK);
+    assert_eq!(put_with(&router, "/notes/42", "t", 8).await, StatusCode::OK);
+    assert_eq!(put_with(&router, "/settings", "acme", 9).await, StatusCode::OK);
+    assert_eq!(put_with(&router, "/plain", "t", 10).await, StatusCode::OK);
+    let mut marks = store.marks();
+    marks.sort();
+    let expected = [("docs:42", 7), ("notes:42", 8), ("paths:/plain", 10), ("tenants:acme", 9)];
+    assert_eq!(marks, expected.map(|(key, mark)| (key.to_owned(), mark)).to_vec());
+
+    let stale = Request::put("/docs/42").header("fencing-token", "6").body(Body::empty()).unwrap();
+    let response = router.clone().oneshot(stale).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    let body = axum::body::to_bytes(response.into_body(), 4096).await.unwrap();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["key"], "docs:42", "{problem}");
+}

@@ -209,6 +209,10 @@ pub(crate) struct Inner {
     session_changed: Notify,
     /// The last renewal's report.
     last_renewal: Mutex<Option<RenewalReport>>,
+    /// The application's runtime (the first request's): releases run there,
+    /// so that the pooled connections they open are driven by the
+    /// application's workers, not by the keeper's one thread.
+    app: OnceLock<tokio::runtime::Handle>,
     /// The keeper's thread (`None`: it could not be started, so nothing is granted).
     keeper: OnceLock<Option<keeper::Handle>>,
 }
@@ -250,6 +254,7 @@ impl ClaimStore {
             session_up: AtomicBool::new(false),
             session_changed: Notify::new(),
             last_renewal: Mutex::new(None),
+            app: OnceLock::new(),
             keeper: OnceLock::new(),
         };
         Self { inner: Arc::new(inner) }
@@ -458,15 +463,15 @@ impl Inner {
         claim.try_enter(self.now())
     }
 
-    /// Deletes the row of `grant` (a claim nobody is inside any more), on
-    /// the keeper's runtime, then forgets the claim and wakes whoever waits
-    /// on the key. Bounded by the term: past it the row has expired anyway.
+    /// Deletes the row of `grant` (a claim nobody is inside any more), on the
+    /// application's runtime (the keeper's if none is known), then forgets the
+    /// claim and wakes whoever waits on the key. Bounded by the term: past it
+    /// the row has expired anyway.
     fn release(self: &Arc<Self>, key: &str, token: u64, grant: u64) {
-        let Some(keeper) = self.keeper.get().and_then(Option::as_ref) else { return };
         let store = Arc::downgrade(self);
         let release = self.backend.release(&self.replica, key, grant);
         let (key, bound) = (key.to_owned(), self.timing.term);
-        keeper.spawn(async move {
+        let task = async move {
             let outcome = tokio::time::timeout(bound, release).await;
             let Some(store) = store.upgrade() else { return };
             match outcome {
@@ -479,7 +484,12 @@ impl Inner {
             }
             store.forget(&key, grant);
             store.wake(&key);
-        });
+        };
+        match (self.app.get(), self.keeper.get().and_then(Option::as_ref)) {
+            (Some(app), _) => drop(app.spawn(task)),
+            (None, Some(keeper)) => keeper.spawn(task),
+            (None, None) => {}
+        }
     }
 
     /// Drops the local claim on `key` if it is still `grant`'s and not valid.
@@ -488,8 +498,14 @@ impl Inner {
         self.claims.remove_if(key, |_, claim| claim.grant() == grant && claim.state() != State::Valid);
     }
 
-    /// Starts the keeper, once, on a thread of its own.
+    /// Starts the keeper, once, on a thread of its own, and notes the
+    /// application's runtime (the caller's).
     fn start(self: &Arc<Self>) {
+        if self.app.get().is_none()
+            && let Ok(app) = tokio::runtime::Handle::try_current()
+        {
+            let _ = self.app.set(app);
+        }
         self.keeper.get_or_init(|| keeper::Handle::start(Arc::downgrade(self)));
     }
 

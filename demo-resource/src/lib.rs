@@ -107,6 +107,34 @@ pub mod scenario;
 mod store;
 pub mod timeline;
 
+/// docs/*.md, whose Rust code blocks are this crate's doctests (`cargo test -p demo-resource
+/// --all-features --doc`): each compiles, and those not marked `no_run` run. This crate depends on
+/// every crate of the workspace, and its dev-dependencies add what the pages use beyond them. The
+/// pages' other blocks say their language (`console`, `text`, `toml`...), so rustdoc leaves them.
+#[cfg(doctest)]
+mod docs {
+    #[doc = include_str!("../../docs/authenticity.md")]
+    struct Authenticity;
+    #[doc = include_str!("../../docs/billing.md")]
+    struct Billing;
+    #[doc = include_str!("../../docs/etcd.md")]
+    struct Etcd;
+    #[doc = include_str!("../../docs/integrating.md")]
+    struct Integrating;
+    #[doc = include_str!("../../docs/lock-service.md")]
+    struct LockService;
+    #[doc = include_str!("../../docs/metrics.md")]
+    struct Metrics;
+    #[doc = include_str!("../../docs/operating-marks.md")]
+    struct OperatingMarks;
+    #[doc = include_str!("../../docs/replicas.md")]
+    struct Replicas;
+    #[doc = include_str!("../../docs/token-sources.md")]
+    struct TokenSources;
+    #[doc = include_str!("../../docs/walkthrough.md")]
+    struct Walkthrough;
+}
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;

@@ -30,13 +30,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The resource: fenced writes, one of them slow; it counts the requests it gets.
     let served = Arc::new(AtomicUsize::new(0));
     let count = Arc::clone(&served);
+    // The layer on each route's method router (clones share one store), as the README places it.
+    let fencing = FencingLayer::new();
     let app = Router::new()
         .route(
             "/docs/report",
-            put(|token: FencingToken| async move { format!("stored under token {token}") }),
+            put(|token: FencingToken| async move { format!("stored under token {token}") })
+                .route_layer(fencing.clone()),
         )
-        .route("/slow/report", put(|| tokio::time::sleep(Duration::from_secs(60))))
-        .route_layer(FencingLayer::new())
+        .route("/slow/report", put(|| tokio::time::sleep(Duration::from_secs(60))).route_layer(fencing))
         .layer(axum::middleware::map_request(move |request: axum::extract::Request| {
             count.fetch_add(1, Ordering::SeqCst);
             async move { request }

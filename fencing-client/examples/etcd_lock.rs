@@ -26,9 +26,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "/docs/report",
             put(|State(doc): State<Arc<Mutex<String>>>, token: FencingToken, body: String| async move {
                 *doc.lock().unwrap() = format!("{body} (token {token})");
-            }),
+            })
+            .route_layer(FencingLayer::new()), // on the route's method router, as the README places it
         )
-        .route_layer(FencingLayer::new())
         .with_state(Arc::clone(&doc));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/docs/report", listener.local_addr()?);

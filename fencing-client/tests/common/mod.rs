@@ -36,8 +36,7 @@ pub async fn fenced_resource() -> (String, Docs) {
     }
     let docs = Docs::default();
     let app = Router::new()
-        .route("/docs/{name}", put(write))
-        .route_layer(FencingLayer::new())
+        .route("/docs/{name}", put(write).route_layer(FencingLayer::new())) // per route, as the README says
         .with_state(Arc::clone(&docs));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr: SocketAddr = listener.local_addr().unwrap();

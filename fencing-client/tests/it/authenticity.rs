@@ -47,9 +47,11 @@ async fn counted(service: &LockService) -> (String, Arc<AtomicUsize>, tokio::tas
 
 /// `PUT /logs/{name}`, fenced per path, with `verifier` consulted before a raise.
 async fn fenced_resource(verifier: impl TokenVerifier) -> (String, tokio::task::JoinHandle<()>) {
-    let app = Router::new()
-        .route("/logs/{name}", put(|| async { "stored" }))
-        .route_layer(FencingLayer::new().verifier(verifier).verify_timeout(Duration::from_secs(3)));
+    let app = Router::new().route(
+        "/logs/{name}",
+        put(|| async { "stored" })
+            .route_layer(FencingLayer::new().verifier(verifier).verify_timeout(Duration::from_secs(3))),
+    );
     serve(app).await
 }
 

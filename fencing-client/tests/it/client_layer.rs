@@ -103,10 +103,12 @@ async fn resource(locks: &Locks) -> (String, Arc<Seen>, oneshot::Receiver<()>) {
     let verifier = Ed25519Verifier::new(locks.signer.public_key()).lock_for_key(lock_of);
     let seen = Arc::new(Seen::default());
     let counted = Arc::clone(&seen);
+    // On each route's method router, as the README places it (not `Router::route_layer`,
+    // which would also fence the routes' 405 fallbacks); the clones share one store.
+    let fencing = FencingLayer::new().verifier(verifier);
     let app = Router::new()
-        .route("/docs/{name}", put(store))
-        .route("/slow/{name}", put(slow))
-        .route_layer(FencingLayer::new().verifier(verifier))
+        .route("/docs/{name}", put(store).route_layer(fencing.clone()))
+        .route("/slow/{name}", put(slow).route_layer(fencing))
         .layer(from_fn(move |request: Request, next: Next| {
             counted.requests.fetch_add(1, Ordering::SeqCst);
             next.run(request)

@@ -212,8 +212,7 @@ async fn fenced_resource() -> (String, Log) {
     }
     let log = Log::default();
     let app = Router::new()
-        .route("/docs/{name}", put(write))
-        .route_layer(FencingLayer::new())
+        .route("/docs/{name}", put(write).route_layer(FencingLayer::new())) // per route, as the README says
         .with_state(Arc::clone(&log));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

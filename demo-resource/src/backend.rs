@@ -1,6 +1,6 @@
 //! Where the logs and key-value pairs live: one redb file (or memory) for one
 //! process ([`store`](crate::store)), or PostgreSQL shared by every replica
-//! ([`postgres`](crate::postgres)). The handlers see only [`Backend`].
+//! (the `postgres` module, feature `postgres`). The handlers see only [`Backend`].
 //!
 //! Every write takes `wait`, the request's `?delay_ms`, and awaits it where a
 //! stalled write would be stalled: for redb before the write transaction (redb
@@ -13,8 +13,10 @@ use std::future::Future;
 use std::sync::Arc;
 
 use fencing_layer::store::StorageFault;
+#[cfg(feature = "postgres")]
 use fencing_postgres::FenceError;
 
+#[cfg(feature = "postgres")]
 use crate::postgres::PgData;
 use crate::store::{Data, Entry};
 
@@ -24,6 +26,7 @@ pub(crate) enum Backend {
     /// One process's data (`--data-dir`, `--in-memory`).
     Redb(Arc<Data>),
     /// Data shared by every replica (`--postgres`).
+    #[cfg(feature = "postgres")]
     Postgres(PgData),
 }
 
@@ -37,9 +40,11 @@ pub(crate) enum DataError {
     /// The blocking task running a redb operation panicked.
     Task(tokio::task::JoinError),
     /// PostgreSQL refused (a stale token) or failed; answered as fencing-postgres does.
+    #[cfg(feature = "postgres")]
     Postgres(FenceError),
 }
 
+#[cfg(feature = "postgres")]
 impl From<FenceError> for DataError {
     fn from(error: FenceError) -> Self {
         Self::Postgres(error)
@@ -54,6 +59,7 @@ impl fmt::Display for DataError {
             }
             Self::Storage(error) => write!(f, "storage failed: {error}"),
             Self::Task(error) => write!(f, "storage task failed: {error}"),
+            #[cfg(feature = "postgres")]
             Self::Postgres(error) => error.fmt(f),
         }
     }
@@ -74,6 +80,7 @@ impl Backend {
                 redb_write(data, resource, name, wait, move |data, r, n| data.append(r, n, token, &value))
                     .await
             }
+            #[cfg(feature = "postgres")]
             Self::Postgres(pg) => Ok(pg.append(resource, name, token, &value, wait).await?),
         }
     }
@@ -85,6 +92,7 @@ impl Backend {
                 let name = name.to_owned();
                 blocking(data, move |data| data.log(&name)).await
             }
+            #[cfg(feature = "postgres")]
             Self::Postgres(pg) => Ok(pg.log(name).await?),
         }
     }
@@ -102,6 +110,7 @@ impl Backend {
             Self::Redb(data) => {
                 redb_write(data, resource, key, wait, move |data, r, k| data.put(r, k, token, &value)).await
             }
+            #[cfg(feature = "postgres")]
             Self::Postgres(pg) => Ok(pg.put(resource, key, token, &value, wait).await?),
         }
     }
@@ -113,6 +122,7 @@ impl Backend {
                 let key = key.to_owned();
                 blocking(data, move |data| data.get(&key)).await
             }
+            #[cfg(feature = "postgres")]
             Self::Postgres(pg) => Ok(pg.get(key).await?),
         }
     }
@@ -129,6 +139,7 @@ impl Backend {
             Self::Redb(data) => {
                 redb_write(data, resource, key, wait, move |data, r, k| data.delete(r, k, token)).await
             }
+            #[cfg(feature = "postgres")]
             Self::Postgres(pg) => Ok(pg.delete(resource, key, token, wait).await?),
         }
     }

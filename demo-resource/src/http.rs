@@ -161,6 +161,7 @@ impl From<DataError> for Response {
             }
             // fencing-postgres's answers: the layer's 409 for a stale token, 503
             // with Retry-After when the database is away or the pool exhausted.
+            #[cfg(feature = "postgres")]
             DataError::Postgres(error) => error.into_response(),
             // The disk failed: the file is being reopened (`GET /readyz` says when it is back).
             DataError::Storage(fault) if fault.is_unavailable() => {

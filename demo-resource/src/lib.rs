@@ -52,12 +52,12 @@
 //!
 //! # Several replicas: PostgreSQL
 //!
-//! With [`Storage::Postgres`] (`serve --postgres URL`) the data lives in
+//! With [`Storage::Postgres`] (`serve --postgres URL`; feature `postgres`) the data lives in
 //! PostgreSQL, and every process given the same URL is a replica of one
 //! resource. The layer's marks stay per process, so alone they cannot stop a
 //! stale holder whose request lands on a replica that never saw the newer
 //! token. So each write is also fenced in its own transaction with
-//! [`fencing_postgres::PgFence::fence`], keyed by the same path: begin, fence
+//! `fencing_postgres::PgFence::fence`, keyed by the same path: begin, fence
 //! (a lower token than the key's mark in the database: the layer's 409),
 //! `delay_ms`, write, commit. A stalled write thus holds the key's mark row,
 //! and a newer holder's write on any replica waits for it (at most 5 s, then
@@ -87,7 +87,7 @@
 //! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it,
 //! and with `--timeline FILE.svg` draws it with [`timeline`].
 //!
-//! [`billing::run`] is the seed's second failure: a billing job on a Redis lock
+//! `billing::run` (feature `billing`) is the seed's second failure: a billing job on a Redis lock
 //! charging customers twice through [`payments`], a payment-provider stand-in that
 //! deduplicates by `Idempotency-Key` and cannot check tokens; then the fixes, a
 //! per-run record fenced with the token and idempotency keys
@@ -95,12 +95,14 @@
 
 mod admin;
 mod backend;
+#[cfg(feature = "billing")]
 pub mod billing;
 mod failure;
 mod http;
 mod marks;
 mod metrics;
 pub mod payments;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod ready;
 pub mod scenario;
@@ -108,10 +110,11 @@ mod store;
 pub mod timeline;
 
 /// docs/*.md, whose Rust code blocks are this crate's doctests (`cargo test -p demo-resource
-/// --all-features --doc`): each compiles, and those not marked `no_run` run. This crate depends on
-/// every crate of the workspace, and its dev-dependencies add what the pages use beyond them. The
-/// pages' other blocks say their language (`console`, `text`, `toml`...), so rustdoc leaves them.
-#[cfg(doctest)]
+/// --all-features --doc`): each compiles, and those not marked `no_run` run. With feature `full`
+/// this crate depends on every crate of the workspace, and its dev-dependencies add what the pages
+/// use beyond them. The pages' other blocks say their language (`console`, `text`, `toml`...), so
+/// rustdoc leaves them.
+#[cfg(all(doctest, feature = "full"))]
 mod docs {
     #[doc = include_str!("../../docs/authenticity.md")]
     struct Authenticity;
@@ -155,6 +158,7 @@ use tokio::sync::watch;
 use crate::backend::Backend;
 pub use crate::failure::Failure;
 pub use crate::marks::{ResetError, StoppedMarks};
+#[cfg(feature = "postgres")]
 use crate::postgres::PgData;
 use crate::store::Data;
 pub use crate::store::Entry;
@@ -162,6 +166,12 @@ pub use crate::store::Entry;
 /// [`Resource::with_metrics`].
 pub use demo_lock_service::install_prometheus;
 pub use demo_lock_service::{Running, Served};
+
+/// What [`Resource::connect`] answers for [`Storage::Postgres`] in a build
+/// without feature `postgres`.
+#[cfg(not(feature = "postgres"))]
+const POSTGRES_NOT_BUILT: &str = "PostgreSQL storage needs demo-resource built with feature `postgres` \
+     (cargo build -p demo-resource --features postgres)";
 
 /// Largest accepted body of a write, in bytes (64 KiB); a larger one gets 413.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -181,7 +191,8 @@ pub enum Storage {
     /// The data in the PostgreSQL database at `url` (`postgres://user@host:port/db`
     /// or `host=… user=… dbname=…`), shared by every replica given the same URL;
     /// the layer's marks in memory. Opened with [`Resource::connect`], which
-    /// creates the tables if missing.
+    /// creates the tables if missing; without feature `postgres` it answers
+    /// that the crate was built without it.
     Postgres {
         /// The database, as tokio-postgres parses it.
         url: String,
@@ -347,6 +358,7 @@ pub struct Resource {
     app: App,
     marks: Option<MarkStore>,
     /// With `--shared-marks`: the layer decides through the replicas' shared marks.
+    #[cfg(feature = "postgres")]
     shared: Option<fencing_postgres::PgSharedStore>,
     verifier: Option<Verifier>,
     metrics: Option<PrometheusHandle>,
@@ -449,15 +461,32 @@ impl Resource {
     /// # Errors
     ///
     /// As [`open`](Self::open); for PostgreSQL, a bad URL, a database that
-    /// cannot be reached within 5 s, or a failed migration.
+    /// cannot be reached within 5 s, or a failed migration; or this crate
+    /// built without feature `postgres`.
     pub async fn connect(config: Config) -> Result<Self, OpenError> {
         let Storage::Postgres { url, fence_in_transaction, shared_marks } = &config.storage else {
             let opened = tokio::task::spawn_blocking(move || Self::open(config)).await;
             return opened.map_err(|e| OpenError(e.to_string()))?;
         };
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = (url, fence_in_transaction, shared_marks);
+            Err(OpenError(POSTGRES_NOT_BUILT.into()))
+        }
+        #[cfg(feature = "postgres")]
+        Self::connect_postgres(&config, url, *fence_in_transaction, *shared_marks).await
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn connect_postgres(
+        config: &Config,
+        url: &str,
+        fence_in_transaction: bool,
+        shared_marks: bool,
+    ) -> Result<Self, OpenError> {
         let verifier = config.verifier()?;
-        let shared_marks = config.fencing && *shared_marks;
-        let fence_in_transaction = config.fencing && *fence_in_transaction && !shared_marks;
+        let shared_marks = config.fencing && shared_marks;
+        let fence_in_transaction = config.fencing && fence_in_transaction && !shared_marks;
         let data = PgData::connect(url, fence_in_transaction, config.accept_volatile_commits)
             .await
             .map_err(|e| OpenError(format!("postgres: {e}")))?;
@@ -486,7 +515,14 @@ impl Resource {
             in_flight: Arc::new(watch::Sender::new(BTreeMap::new())),
             delays: Arc::new(watch::Sender::new(0)),
         };
-        Self { app, marks, shared: None, verifier, metrics: None }
+        Self {
+            app,
+            marks,
+            #[cfg(feature = "postgres")]
+            shared: None,
+            verifier,
+            metrics: None,
+        }
     }
 
     /// Asks `verifier` before any token raises a mark (403 when it refuses,
@@ -521,6 +557,7 @@ impl Resource {
             // no mark (tests/it/routes.rs: `unknown_routes_and_methods_never_touch_the_marks`).
             Some(marks) => {
                 let layer = FencingLayer::new().store(marks.clone()).metrics_label("demo-resource");
+                #[cfg(feature = "postgres")]
                 let layer = match &self.shared {
                     Some(shared) => layer.shared_store(shared.clone()),
                     None => layer,

@@ -4,9 +4,9 @@
 //!   prints `listening on ADDR` on stdout once it accepts connections (handy with
 //!   port 0), logs to stderr (`RUST_LOG`, default `info`) and stops gracefully on
 //!   Ctrl-C or SIGTERM.
-//! * `demo-resource serve --postgres URL [--shared-marks | --local-marks | --no-fencing]` keeps the
-//!   data in PostgreSQL (`postgres://user@host:port/db` or `host=… dbname=…`);
-//!   several `serve` processes given the same URL are replicas of one resource.
+//! * `demo-resource serve --postgres URL [--shared-marks | --local-marks | --no-fencing]` (built
+//!   with `--features postgres`) keeps the data in PostgreSQL (`postgres://user@host:port/db`
+//!   or `host=… dbname=…`); several `serve` processes given the same URL are replicas of one resource.
 //!   Each write is fenced in its own transaction, with marks in the database
 //!   that every replica checks (and by the per-process layer in front). It
 //!   creates the tables at start-up if missing. `--local-marks` keeps only the
@@ -27,11 +27,13 @@
 //!   it exits non-zero if one differs from the expected one. With
 //!   `--lock-backend etcd --etcd-endpoints http://127.0.0.1:2379` the tokens come from etcd;
 //!   likewise `--lock-backend postgres --postgres-url URL`, `--lock-backend redis --redis-url URL`
-//!   and `--lock-backend zookeeper --zookeeper HOST:PORT`. `--timeline FILE.svg` also
-//!   draws the three rounds on one time axis (grants, leases, the pause, each write's
-//!   token and outcome, the resource's mark).
-//! * `demo-resource scenario billing [--timeline FILE.svg]` runs the seed's second
-//!   failure: a billing job on a Redis lock (`--redis-url`, default
+//!   and `--lock-backend zookeeper --zookeeper HOST:PORT`, each in a binary built with the
+//!   feature of the same name (`cargo run -p demo-resource --features etcd -- scenario
+//!   --lock-backend etcd`). `--timeline FILE.svg` also draws the three rounds on one
+//!   time axis (grants, leases, the pause, each write's token and outcome, the
+//!   resource's mark).
+//! * `demo-resource scenario billing [--timeline FILE.svg]` (built with `--features
+//!   billing`) runs the seed's second failure: a billing job on a Redis lock (`--redis-url`, default
 //!   127.0.0.1:6379; a private `redis-server` when none answers) charging
 //!   customers through the payment stand-in, unfenced, with a fenced per-run record
 //!   in PostgreSQL (`--postgres-url`), and with the record and idempotency keys
@@ -39,6 +41,9 @@
 //! * `demo-resource payments --listen 127.0.0.1:8090` serves the payment-provider
 //!   stand-in (`POST /v1/charges` with `Idempotency-Key`; see the `payments` module);
 //!   prints `listening on ADDR`.
+//!
+//! Every build has every command and flag (`--help` lists them all); one whose feature
+//! was not built exits 1 with the command to rebuild and run it with.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -46,8 +51,10 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use demo_lock_service::shutdown_signal;
+#[cfg(feature = "billing")]
+use demo_resource::billing;
 use demo_resource::timeline::Timeline;
-use demo_resource::{Config, ResetError, Resource, Served, StoppedMarks, Storage, billing, scenario};
+use demo_resource::{Config, ResetError, Resource, Served, StoppedMarks, Storage, scenario};
 use fencing_layer::verify::ProofPublicKey;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -83,7 +90,7 @@ struct PaymentsArgs {
 #[derive(Debug, Subcommand)]
 enum ScenarioCommand {
     /// The seed's second failure: a billing job on a Redis lock charges customers twice;
-    /// a fenced per-run record, then idempotency keys, fix it.
+    /// a fenced per-run record, then idempotency keys, fix it (needs `--features billing`).
     Billing(BillingArgs),
 }
 
@@ -119,7 +126,7 @@ struct ScenarioArgs {
     #[command(subcommand)]
     which: Option<ScenarioCommand>,
     /// Where the fencing tokens come from: the demo lock service (in-process), etcd,
-    /// PostgreSQL, Redis or ZooKeeper.
+    /// PostgreSQL, Redis or ZooKeeper (each built with its feature: `--features etcd`...).
     #[arg(long, value_enum, default_value_t = LockBackendArg::Demo)]
     lock_backend: LockBackendArg,
     /// etcd client URLs, comma-separated (with `--lock-backend etcd`).
@@ -204,7 +211,8 @@ struct Serve {
     #[arg(long, conflicts_with = "data_dir")]
     in_memory: bool,
     /// Keep the data in this PostgreSQL database; processes given the same URL are
-    /// replicas of one resource. Each write is fenced in its own transaction.
+    /// replicas of one resource. Each write is fenced in its own transaction. Needs
+    /// demo-resource built with `--features postgres`.
     #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "in_memory"])]
     postgres: Option<String>,
     /// With --postgres: fence with each process's own marks only, not in the
@@ -286,6 +294,9 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
             "--admin-listen {admin}: the admin routes have no authentication; give a loopback address"
         )
         .into());
+    }
+    if args.postgres.is_some() && !cfg!(feature = "postgres") {
+        return Err(not_built("serve --postgres", "postgres", "serve --postgres URL").into());
     }
     let verify_key = match &args.verify_key {
         Some(path) => Some(ProofPublicKey::read(path)?),
@@ -427,7 +438,28 @@ fn escape(key: &str) -> String {
     escaped
 }
 
+/// What a command whose feature this binary was built without answers: the
+/// feature, and the command again with it.
+fn not_built(what: &str, feature: &str, command: &str) -> String {
+    format!(
+        "{what} needs demo-resource built with --features {feature}: \
+         cargo run -p demo-resource --features {feature} -- {command}"
+    )
+}
+
 async fn run_scenario(args: ScenarioArgs) -> ExitCode {
+    let needs = match args.lock_backend {
+        LockBackendArg::Demo => None,
+        LockBackendArg::Etcd => (!cfg!(feature = "etcd")).then_some("etcd"),
+        LockBackendArg::Postgres => (!cfg!(feature = "postgres")).then_some("postgres"),
+        LockBackendArg::Redis => (!cfg!(feature = "redis")).then_some("redis"),
+        LockBackendArg::Zookeeper => (!cfg!(feature = "zookeeper")).then_some("zookeeper"),
+    };
+    if let Some(feature) = needs {
+        let command = format!("scenario --lock-backend {feature}");
+        eprintln!("demo-resource: {}", not_built(&command, feature, &command));
+        return ExitCode::FAILURE;
+    }
     let source = match args.lock_backend {
         LockBackendArg::Demo => scenario::TokenSource::DemoLockService,
         LockBackendArg::Etcd => scenario::TokenSource::Etcd { endpoints: args.etcd_endpoints },
@@ -487,6 +519,13 @@ async fn payments(args: PaymentsArgs) -> Result<(), Box<dyn std::error::Error>> 
     Ok(())
 }
 
+#[cfg(not(feature = "billing"))]
+async fn run_billing(_: BillingArgs) -> ExitCode {
+    eprintln!("demo-resource: {}", not_built("scenario billing", "billing", "scenario billing"));
+    ExitCode::FAILURE
+}
+
+#[cfg(feature = "billing")]
 async fn run_billing(args: BillingArgs) -> ExitCode {
     let options = billing::Options {
         redis_url: args.redis_url,

@@ -2,7 +2,7 @@
 //! deduplicates requests by their `Idempotency-Key` the way Stripe documents
 //! it. Like a real provider it cannot check fencing tokens: a `Fencing-Token`
 //! header is ignored. `demo-resource payments` serves it; the billing scenario
-//! ([`crate::billing`]) runs it in-process.
+//! (`billing`, feature `billing`) runs it in-process.
 //!
 //! | route | success | errors |
 //! |---|---|---|

@@ -32,8 +32,11 @@ pub(crate) async fn readyz(State(app): State<App>) -> Response {
 
 /// Both stores, each trying a due reopen (blocking).
 fn check(data: &Backend, marks: Option<&MarkStore>) -> Result<(), String> {
-    if let Backend::Redb(data) = data {
-        data.ready().map_err(|fault| format!("data store: {fault}"))?;
+    match data {
+        Backend::Redb(data) => data.ready().map_err(|fault| format!("data store: {fault}"))?,
+        // The database's readiness is each write's own: a 503 when it is away.
+        #[cfg(feature = "postgres")]
+        Backend::Postgres(_) => {}
     }
     if let Some(marks) = marks {
         marks.ready().map_err(|error| format!("mark store: {error}"))?;

@@ -30,9 +30,17 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use demo_lock_service::LockService;
+#[cfg(feature = "etcd")]
+use fencing_client::EtcdLockClient;
+#[cfg(feature = "postgres")]
+use fencing_client::PgLockClient;
+#[cfg(feature = "redis")]
+use fencing_client::RedisLockClient;
+#[cfg(feature = "zookeeper")]
+use fencing_client::ZkLockClient;
 use fencing_client::{
-    DemoLockClient, EtcdLockClient, Grant, Lease, LockBackend, LockBackendExt, LockError, PgLockClient,
-    RedisLockClient, ZkLockClient, backend::LockStatus, header::fence_reqwest,
+    DemoLockClient, Grant, Lease, LockBackend, LockBackendExt, LockError, backend::LockStatus,
+    header::fence_reqwest,
 };
 use serde_json::Value;
 
@@ -170,7 +178,9 @@ impl fmt::Display for Report {
     }
 }
 
-/// Where the scenario's fencing tokens come from.
+/// Where the scenario's fencing tokens come from. Each backend but the demo lock
+/// service needs this crate's feature of the same name (`etcd`, `postgres`, `redis`,
+/// `zookeeper`); without it, [`run_with`] fails at once and says so.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum TokenSource {
     /// The demo lock service, started in-process on an ephemeral port.
@@ -211,9 +221,13 @@ pub enum TokenSource {
 enum Locks {
     Demo(DemoLockClient),
     // Boxed: etcd-client's `Client` is a few kilobytes.
+    #[cfg(feature = "etcd")]
     Etcd(Box<EtcdLockClient>),
+    #[cfg(feature = "postgres")]
     Postgres(PgLockClient),
+    #[cfg(feature = "redis")]
     Redis(RedisLockClient),
+    #[cfg(feature = "zookeeper")]
     ZooKeeper(Box<ZkLockClient>),
 }
 
@@ -222,9 +236,13 @@ impl Locks {
     async fn acquire(&self, name: &str, holder: &str, ttl: Duration) -> Result<Grant, LockError> {
         match self {
             Locks::Demo(c) => c.acquire(name, holder, ttl).await,
+            #[cfg(feature = "etcd")]
             Locks::Etcd(c) => c.acquire(name, holder, ttl).await,
+            #[cfg(feature = "postgres")]
             Locks::Postgres(c) => c.acquire(name, holder, ttl).await,
+            #[cfg(feature = "redis")]
             Locks::Redis(c) => c.acquire(name, holder, ttl).await,
+            #[cfg(feature = "zookeeper")]
             Locks::ZooKeeper(c) => c.acquire(name, holder, ttl).await,
         }
     }
@@ -233,9 +251,13 @@ impl Locks {
     async fn lease(&self, name: &str, holder: &str, ttl: Duration) -> Result<Lease, LockError> {
         match self {
             Locks::Demo(c) => c.lease(name, holder, ttl).await,
+            #[cfg(feature = "etcd")]
             Locks::Etcd(c) => c.lease(name, holder, ttl).await,
+            #[cfg(feature = "postgres")]
             Locks::Postgres(c) => c.lease(name, holder, ttl).await,
+            #[cfg(feature = "redis")]
             Locks::Redis(c) => c.lease(name, holder, ttl).await,
+            #[cfg(feature = "zookeeper")]
             Locks::ZooKeeper(c) => c.lease(name, holder, ttl).await,
         }
     }
@@ -243,9 +265,13 @@ impl Locks {
     async fn lock_status(&self, name: &str) -> Result<Option<LockStatus>, LockError> {
         match self {
             Locks::Demo(c) => c.lock_status(name).await,
+            #[cfg(feature = "etcd")]
             Locks::Etcd(c) => c.lock_status(name).await,
+            #[cfg(feature = "postgres")]
             Locks::Postgres(c) => c.lock_status(name).await,
+            #[cfg(feature = "redis")]
             Locks::Redis(c) => c.lock_status(name).await,
+            #[cfg(feature = "zookeeper")]
             Locks::ZooKeeper(c) => c.lock_status(name).await,
         }
     }
@@ -255,8 +281,15 @@ impl Locks {
     /// would only load them.
     fn poll_floor(&self) -> Duration {
         match self {
-            Locks::Demo(_) | Locks::Postgres(_) | Locks::Redis(_) => Duration::from_millis(1),
-            Locks::Etcd(_) | Locks::ZooKeeper(_) => Duration::from_millis(50),
+            Locks::Demo(_) => Duration::from_millis(1),
+            #[cfg(feature = "postgres")]
+            Locks::Postgres(_) => Duration::from_millis(1),
+            #[cfg(feature = "redis")]
+            Locks::Redis(_) => Duration::from_millis(1),
+            #[cfg(feature = "etcd")]
+            Locks::Etcd(_) => Duration::from_millis(50),
+            #[cfg(feature = "zookeeper")]
+            Locks::ZooKeeper(_) => Duration::from_millis(50),
         }
     }
 }
@@ -288,41 +321,51 @@ pub async fn run() -> Result<Report, Failure> {
 /// Redis, when it would lose its token counter in a crash).
 pub async fn run_with(source: TokenSource) -> Result<Report, Failure> {
     let dir = tempfile::tempdir().map_err(|e| fail("temporary directory", e))?;
-    let mut lock_service = None;
-    // The demo lock service signs its grants and the fenced resources check the
-    // proofs (`--signing-key`, `--verify-key`): a forged token could not raise a mark.
-    let mut verify_key = None;
-    let locks = match source {
+    // The demo lock service (kept running until the end) signs its grants and the fenced
+    // resources check the proofs (`--signing-key`, `--verify-key`): a forged token could
+    // not raise a mark. The other backends have neither.
+    let (locks, lock_service, verify_key) = match source {
         TokenSource::DemoLockService => {
             let signer =
                 fencing_layer::verify::ProofSigner::generate().map_err(|e| fail("signing key", e))?;
-            verify_key = Some(signer.public_key());
+            let verify_key = signer.public_key();
             let config = demo_lock_service::Config::new(dir.path().join("locks")).with_signer(signer);
             let service = LockService::open(config).map_err(|e| fail("lock service", e))?;
             let running = service.spawn(LOOPBACK).await.map_err(|e| fail("lock service", e))?;
             let client = DemoLockClient::new(running.base_url()).map_err(|e| fail("lock client", e))?;
-            lock_service = Some(running);
-            Locks::Demo(client)
+            (Locks::Demo(client), Some(running), Some(verify_key))
         }
+        #[cfg(feature = "etcd")]
         TokenSource::Etcd { endpoints } => {
             let client = EtcdLockClient::connect(&endpoints).await.map_err(|e| fail("etcd client", e))?;
-            Locks::Etcd(Box::new(client))
+            (Locks::Etcd(Box::new(client)), None, None)
         }
+        #[cfg(feature = "postgres")]
         TokenSource::Postgres { url } => {
             let client = PgLockClient::connect(&url).map_err(|e| fail("PostgreSQL lock client", e))?;
             client.migrate().await.map_err(|e| fail("PostgreSQL lock tables", e))?;
-            Locks::Postgres(client)
+            (Locks::Postgres(client), None, None)
         }
+        #[cfg(feature = "redis")]
         TokenSource::Redis { url, accept_volatile_counter } => {
             let builder = RedisLockClient::builder(url).accept_volatile_counter(accept_volatile_counter);
             let context = "Redis lock client (the CLI's --redis-accept-volatile-counter accepts the risk)";
-            Locks::Redis(builder.connect().await.map_err(|e| fail(context, e))?)
+            (Locks::Redis(builder.connect().await.map_err(|e| fail(context, e))?), None, None)
         }
+        #[cfg(feature = "zookeeper")]
         TokenSource::ZooKeeper { cluster } => {
             let client =
                 ZkLockClient::connect(&cluster).await.map_err(|e| fail("ZooKeeper lock client", e))?;
-            Locks::ZooKeeper(Box::new(client))
+            (Locks::ZooKeeper(Box::new(client)), None, None)
         }
+        #[cfg(not(feature = "etcd"))]
+        TokenSource::Etcd { .. } => return Err(not_built("etcd")),
+        #[cfg(not(feature = "postgres"))]
+        TokenSource::Postgres { .. } => return Err(not_built("postgres")),
+        #[cfg(not(feature = "redis"))]
+        TokenSource::Redis { .. } => return Err(not_built("redis")),
+        #[cfg(not(feature = "zookeeper"))]
+        TokenSource::ZooKeeper { .. } => return Err(not_built("zookeeper")),
     };
     let clients = Clients {
         locks,
@@ -351,6 +394,15 @@ pub async fn run_with(source: TokenSource) -> Result<Report, Failure> {
     }
     let history = clients.record.take();
     Ok(Report { without_fencing, with_fencing, in_flight, b_arrived_while_a_inside, history })
+}
+
+/// Why a run with a lock backend this build lacks fails at once.
+#[cfg(not(all(feature = "etcd", feature = "postgres", feature = "redis", feature = "zookeeper")))]
+fn not_built(feature: &str) -> Failure {
+    Failure(format!(
+        "this lock backend needs demo-resource built with feature `{feature}` \
+         (cargo build -p demo-resource --features {feature})"
+    ))
 }
 
 /// The seed's scenario: A acquires and is paused past its TTL; B acquires and

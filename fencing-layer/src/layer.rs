@@ -396,7 +396,7 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     ///
     /// # Panics
     ///
-    /// When `namespace` is empty or contains `:` ([`NAMESPACE_SEPARATOR`](crate::key::NAMESPACE_SEPARATOR)).
+    /// When `namespace` is empty or contains `:` ([`NAMESPACE_SEPARATOR`]).
     #[track_caller]
     pub fn key_namespace(self, namespace: &str) -> Self {
         assert!(

@@ -93,6 +93,15 @@ pub enum LossReason {
     Released,
     /// The [`Lease`] handle was dropped.
     Dropped,
+    /// The resource refused a request of the client layer as stale (the fencing layer's
+    /// `409` with `Fencing-Problem: stale-token` or `cancelled`, or the gRPC status
+    /// `ABORTED` with the same metadata): a newer token, `highest` where the answer
+    /// gave it, has reached that resource. Only the [client layer](crate::layer) that
+    /// received the answer stops; the [`Lease`] itself is not cancelled.
+    Superseded {
+        /// The highest token the resource had seen for the key, from `Fencing-Highest-Token`.
+        highest: Option<u64>,
+    },
 }
 
 impl fmt::Display for LossReason {
@@ -102,6 +111,10 @@ impl fmt::Display for LossReason {
             LossReason::DeadlinePassed => f.write_str("the lease's local deadline passed"),
             LossReason::Released => f.write_str("released"),
             LossReason::Dropped => f.write_str("lease handle dropped"),
+            LossReason::Superseded { highest: Some(highest) } => {
+                write!(f, "the resource has seen a newer token ({highest})")
+            }
+            LossReason::Superseded { highest: None } => f.write_str("the resource has seen a newer token"),
         }
     }
 }

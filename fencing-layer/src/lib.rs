@@ -231,6 +231,7 @@ pub mod verify;
 // `grpc`, `claims`, `future`, `axum`.
 pub use crate::layer::{FENCING_PROOF, FENCING_TOKEN, FencingLayer, InFlightPolicy};
 pub use crate::rejection::Rejection;
+pub use crate::respond::{FENCING_HIGHEST_TOKEN, FENCING_PROBLEM};
 pub use crate::service::Fencing;
 pub use crate::store::MarkStore;
 pub use crate::token::{FencingToken, TokenError};

@@ -25,11 +25,21 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Response, StatusCode, header};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use crate::grpc::GrpcStatus;
 use crate::rejection::Rejection;
+
+/// The header on every rejection that names its problem type, e.g.
+/// `Fencing-Problem: stale-token` (the last segment of the problem+json `type`):
+/// a client tells the layer's 409 from its application's own by this header alone,
+/// without reading the body.
+pub const FENCING_PROBLEM: HeaderName = HeaderName::from_static("fencing-problem");
+
+/// The header on a stale-token rejection that gives the highest token the
+/// resource has seen for the key: proof that a newer holder exists.
+pub const FENCING_HIGHEST_TOKEN: HeaderName = HeaderName::from_static("fencing-highest-token");
 
 pub use crate::body::RejectionBody;
 
@@ -241,14 +251,15 @@ impl<B: RejectionBody> RejectionResponder<B> for ProblemJson {
     }
 
     fn respond(&self, rejection: &Rejection) -> Response<B> {
-        // `Retry-After` is the layer's to add, whichever the responder.
+        // `Fencing-Problem` and `Retry-After` are the layer's to add, whichever the responder.
         Problem::of(rejection).response()
     }
 }
 
 impl Rejection {
     /// The layer's response for this rejection: `responder`'s, plus
-    /// `Retry-After` where it applies and the rejection itself in the
+    /// [`FENCING_PROBLEM`], [`FENCING_HIGHEST_TOKEN`] and `Retry-After` where
+    /// they apply, and the rejection itself in the
     /// extensions, with one log line. For a handler or a store that refuses
     /// a request as the layer would (`fencing-postgres` does).
     pub fn respond_with<B, R: RejectionResponder<B>>(self, responder: &R) -> Response<B> {
@@ -261,8 +272,15 @@ impl Rejection {
             "fenced request rejected"
         );
         let mut response = responder.respond(&self);
+        // The layer's own headers, whichever the responder: a client reads the
+        // refusal from them without the body (`fencing-client` stops at a stale one).
+        let headers = response.headers_mut();
+        headers.insert(FENCING_PROBLEM, HeaderValue::from_static(self.kind()));
+        if let Some(highest) = self.highest() {
+            headers.insert(FENCING_HIGHEST_TOKEN, HeaderValue::from(highest));
+        }
         if let Some(after) = self.retry_after() {
-            response.headers_mut().insert(header::RETRY_AFTER, retry_after_seconds(after));
+            headers.insert(header::RETRY_AFTER, retry_after_seconds(after));
         }
         response.extensions_mut().insert(self);
         response

@@ -1,4 +1,4 @@
-//! [`FencedClientError`]: the lease was lost, or the inner client failed.
+//! [`FencedClientError`]: the lease was lost, the resource refused it, or the inner client failed.
 
 use std::error::Error;
 use std::fmt;
@@ -21,6 +21,10 @@ pub enum FencedClientError<E> {
     /// was dropped. The server may or may not have seen the request (its fencing layer
     /// decides by token, as for any other request).
     Cancelled(Lost),
+    /// The resource answered the request as stale: its fencing layer has seen a newer
+    /// token for the key ([`LossReason::Superseded`](crate::LossReason::Superseded)).
+    /// The request had no effect there, and this layer sends nothing more with the lease.
+    Refused(Lost),
     /// The inner client failed (connection refused, protocol error, ...).
     Inner(E),
 }
@@ -29,7 +33,9 @@ impl<E> FencedClientError<E> {
     /// Why the lease was lost, if that is what stopped the request.
     pub fn lost(&self) -> Option<&Lost> {
         match self {
-            FencedClientError::NotSent(lost) | FencedClientError::Cancelled(lost) => Some(lost),
+            FencedClientError::NotSent(lost)
+            | FencedClientError::Cancelled(lost)
+            | FencedClientError::Refused(lost) => Some(lost),
             FencedClientError::Inner(_) => None,
         }
     }
@@ -48,6 +54,7 @@ impl<E: fmt::Display> fmt::Display for FencedClientError<E> {
         match self {
             FencedClientError::NotSent(lost) => write!(f, "request not sent: {lost}"),
             FencedClientError::Cancelled(lost) => write!(f, "request cancelled in flight: {lost}"),
+            FencedClientError::Refused(lost) => write!(f, "request refused as stale: {lost}"),
             // The inner error's own words, so that a tonic `Status` built from it reads
             // as it would without the layer.
             FencedClientError::Inner(error) => error.fmt(f),

@@ -1,15 +1,18 @@
-//! [`ResponseFuture`]: the inner call, raced against the lease's loss.
+//! [`ResponseFuture`]: the inner call, raced against the lease's loss, and its answer
+//! read for a resource's proof that the lease is over.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tokio_util::sync::WaitForCancellationFutureOwned;
 
 use super::FencedClientError;
+use super::layer::Fence;
+use super::stale::{ResponseHead, superseded};
 use crate::lease::Shared;
 use crate::{LossReason, Lost};
 
@@ -34,7 +37,7 @@ pin_project! {
             // not been scheduled yet (as `Lease::run` does).
             #[pin]
             deadline: Sleep,
-            lease: Arc<Shared>,
+            fence: Arc<Fence>,
         },
         // Refused or cancelled: the inner future is gone.
         Stopped {
@@ -49,18 +52,28 @@ enum Stopped {
     Cancelled(Lost),
 }
 
+impl<E> From<Stopped> for FencedClientError<E> {
+    fn from(stopped: Stopped) -> Self {
+        match stopped {
+            Stopped::NotSent(lost) => FencedClientError::NotSent(lost),
+            Stopped::Cancelled(lost) => FencedClientError::Cancelled(lost),
+        }
+    }
+}
+
 impl<F> ResponseFuture<F> {
     pub(crate) fn not_sent(lost: Lost) -> Self {
         ResponseFuture { kind: Kind::Stopped { error: Some(Stopped::NotSent(lost)) } }
     }
 
-    pub(crate) fn sent(inner: F, lease: &Arc<Shared>) -> Self {
+    pub(crate) fn sent(inner: F, fence: &Arc<Fence>) -> Self {
+        let lease = &fence.lease;
         ResponseFuture {
             kind: Kind::Sent {
                 inner,
                 cancelled: lease.cancel().clone().cancelled_owned(),
                 deadline: sleep_until(lease.deadline()),
-                lease: Arc::clone(lease),
+                fence: Arc::clone(fence),
             },
         }
     }
@@ -69,12 +82,14 @@ impl<F> ResponseFuture<F> {
 impl<F, T, E> Future for ResponseFuture<F>
 where
     F: Future<Output = Result<T, E>>,
+    T: ResponseHead,
 {
     type Output = Result<T, FencedClientError<E>>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut kind = self.project().kind;
-        if let KindProj::Sent { inner, cancelled, mut deadline, lease } = kind.as_mut().project() {
+        if let KindProj::Sent { inner, cancelled, mut deadline, fence } = kind.as_mut().project() {
+            let lease = &fence.lease;
             // Loss first, as in `Lease::run`: a response that arrives with the loss is
             // not handed over.
             let lost = if cancelled.poll(cx).is_ready() {
@@ -88,15 +103,18 @@ where
             match lost {
                 // Drops the inner future here, which cancels the request.
                 Some(lost) => kind.set(Kind::Stopped { error: Some(Stopped::Cancelled(lost)) }),
-                None => return inner.poll(cx).map_err(FencedClientError::Inner),
+                None => {
+                    let response = ready!(inner.poll(cx)).map_err(FencedClientError::Inner)?;
+                    return Poll::Ready(match superseded(&response) {
+                        Some(highest) => Err(FencedClientError::Refused(fence.supersede(highest))),
+                        None => Ok(response),
+                    });
+                }
             }
         }
         match kind.project() {
             KindProj::Stopped { error } => {
-                Poll::Ready(Err(match error.take().expect("polled after completion") {
-                    Stopped::NotSent(lost) => FencedClientError::NotSent(lost),
-                    Stopped::Cancelled(lost) => FencedClientError::Cancelled(lost),
-                }))
+                Poll::Ready(Err(error.take().expect("polled after completion").into()))
             }
             KindProj::Sent { .. } => unreachable!("a sent request returned above"),
         }

@@ -1,13 +1,13 @@
 //! [`FencedClientLayer`]: the lease's headers and state, shared by every client it wraps.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use http::{HeaderMap, HeaderValue};
 use tower::Layer;
 
 use crate::header::{FENCING_PROOF, FENCING_TOKEN, fencing_token_value};
 use crate::lease::Shared;
-use crate::{Lease, Lost};
+use crate::{Lease, LossReason, Lost};
 
 /// A tower [`Layer`] that fences every request of the client it wraps with a [`Lease`].
 ///
@@ -23,8 +23,12 @@ impl FencedClientLayer {
     /// A layer fencing requests with `lease` (also [`Lease::layer`]).
     pub fn new(lease: &Lease) -> Self {
         let proof = lease.grant().proof.as_deref().and_then(|proof| HeaderValue::from_str(proof).ok());
-        let fence =
-            Fence { lease: Arc::clone(lease.shared()), token: fencing_token_value(lease.token()), proof };
+        let fence = Fence {
+            lease: Arc::clone(lease.shared()),
+            token: fencing_token_value(lease.token()),
+            proof,
+            superseded: OnceLock::new(),
+        };
         FencedClientLayer { fence: Arc::new(fence) }
     }
 }
@@ -45,16 +49,34 @@ pub(crate) struct Fence {
     // `None` when the grant is unsigned (or its proof is no header value, which the
     // resource then refuses to raise with, as for `Lease::fence`).
     proof: Option<HeaderValue>,
+    // Set, with the highest token it named, once a resource has answered a request as
+    // stale: proof that this lease is over for it, so nothing more is sent.
+    superseded: OnceLock<Option<u64>>,
 }
 
 impl Fence {
     /// Fences a request's `headers` while the lease is valid; the loss once it is not.
     pub(crate) fn admit(&self, headers: &mut HeaderMap) -> Result<(), Lost> {
+        if let Some(&highest) = self.superseded.get() {
+            return Err(Lost(LossReason::Superseded { highest }));
+        }
         if !self.lease.is_valid() {
             return Err(self.lease.lost());
         }
         self.apply(headers);
         Ok(())
+    }
+
+    /// Records a resource's proof that a newer token exists (the first one's `highest`
+    /// is kept); every later request is refused.
+    pub(crate) fn supersede(&self, highest: Option<u64>) -> Lost {
+        let highest = *self.superseded.get_or_init(|| highest);
+        tracing::warn!(token = self.lease_token(), ?highest, "a resource refused the lease's token as stale");
+        Lost(LossReason::Superseded { highest })
+    }
+
+    fn lease_token(&self) -> &str {
+        self.token.to_str().unwrap_or_default()
     }
 
     /// Sets `Fencing-Token`, and `Fencing-Proof` or removes it, as `Lease::fence` does.

@@ -11,9 +11,10 @@ use crate::Lease;
 /// (feature `reqwest-middleware`), for code that sends with the builder's `.send()`.
 ///
 /// The same rules: every request fenced, none sent once the lease is lost, one in
-/// flight cancelled. A lost lease is a `reqwest_middleware::Error::Middleware` holding
-/// a `FencedClientError<reqwest::Error>` (`NotSent` or `Cancelled`); errors of the
-/// rest of the chain come back unchanged.
+/// flight cancelled, none sent after a resource refused one as stale. A lost lease
+/// is a `reqwest_middleware::Error::Middleware` holding a
+/// `FencedClientError<reqwest::Error>` (`NotSent`, `Cancelled` or `Refused`); errors
+/// of the rest of the chain come back unchanged.
 ///
 /// ```no_run
 /// # async fn demo(lease: fencing_client::Lease) -> Result<(), Box<dyn std::error::Error>> {
@@ -61,11 +62,12 @@ impl Middleware for FencedMiddleware {
         let fence = &self.layer.fence;
         let stopped: FencedClientError<reqwest::Error> = match fence.admit(request.headers_mut()) {
             Err(lost) => FencedClientError::NotSent(lost),
-            Ok(()) => match ResponseFuture::sent(next.run(request, extensions), &fence.lease).await {
+            Ok(()) => match ResponseFuture::sent(next.run(request, extensions), fence).await {
                 Ok(response) => return Ok(response),
                 Err(FencedClientError::Inner(error)) => return Err(error),
                 Err(FencedClientError::NotSent(lost)) => FencedClientError::NotSent(lost),
                 Err(FencedClientError::Cancelled(lost)) => FencedClientError::Cancelled(lost),
+                Err(FencedClientError::Refused(lost)) => FencedClientError::Refused(lost),
             },
         };
         Err(reqwest_middleware::Error::middleware(stopped))

@@ -21,6 +21,16 @@
 //!   and tonic) abandons the request: it closes an HTTP/1 connection or resets an
 //!   HTTP/2 stream, and the server drops the handler. The server may still have received it; its fencing
 //!   layer judges it by its token like any other.
+//! * **Stopped by proof.** A response that is the fencing layer's stale refusal (a
+//!   `409` with `Fencing-Problem: stale-token` or `cancelled`, or the gRPC status
+//!   `ABORTED` with that metadata) proves a newer token has reached the resource:
+//!   the call fails with [`FencedClientError::Refused`]
+//!   ([`LossReason::Superseded`](crate::LossReason::Superseded), with the
+//!   `Fencing-Highest-Token` it named), and the layer, with every client it wraps,
+//!   sends nothing more ([`FencedClientError::NotSent`]). The application's own 409s
+//!   (no `Fencing-Problem` header) pass through as responses. Only the head is read
+//!   ([`ResponseHead`]); the [`Lease`](crate::Lease) itself is not cancelled, since
+//!   the proof is about one resource: release it if the whole job should stop.
 //! * **Inner errors** come back as [`FencedClientError::Inner`].
 //!
 //! The future ends with the response head: a response body still streaming when the
@@ -50,12 +60,12 @@
 //!
 //! // Any tower HTTP client; this one answers with the token it was sent.
 //! let client = service_fn(|request: http::Request<()>| async move {
-//!     Ok::<_, Infallible>(request.headers()["fencing-token"].to_str().unwrap().to_owned())
+//!     Ok::<_, Infallible>(http::Response::new(request.headers()["fencing-token"].clone()))
 //! });
 //! let mut client = ServiceBuilder::new().layer(lease.layer()).service(client);
 //!
-//! let token = client.ready().await?.call(http::Request::new(())).await?;
-//! assert_eq!(token, lease.token().to_string());
+//! let response = client.ready().await?.call(http::Request::new(())).await?;
+//! assert_eq!(response.body(), &lease.token().to_string());
 //!
 //! lease.release().await?;
 //! let refused = client.ready().await?.call(http::Request::new(())).await.unwrap_err();
@@ -78,6 +88,7 @@ mod layer;
 #[cfg(feature = "reqwest-middleware")]
 mod middleware;
 mod service;
+mod stale;
 
 pub use error::FencedClientError;
 pub use future::ResponseFuture;
@@ -85,3 +96,4 @@ pub use layer::FencedClientLayer;
 #[cfg(feature = "reqwest-middleware")]
 pub use middleware::FencedMiddleware;
 pub use service::FencedClient;
+pub use stale::ResponseHead;

@@ -6,7 +6,7 @@ use http::HeaderMap;
 use tower::Service;
 
 use super::future::ResponseFuture;
-use super::{FencedClientError, FencedClientLayer};
+use super::{FencedClientError, FencedClientLayer, ResponseHead};
 use crate::Lease;
 
 /// A client (any tower service over HTTP requests) whose requests carry a lease's
@@ -14,7 +14,7 @@ use crate::Lease;
 ///
 /// Implemented for `http::Request<B>` (a tonic `Channel`, hyper-util's legacy
 /// `Client`, any tower HTTP client) and for `reqwest::Request` (reqwest's `Client` is a
-/// tower service too).
+/// tower service too), for inner clients whose responses are a [`ResponseHead`].
 #[derive(Debug, Clone)]
 pub struct FencedClient<S> {
     inner: S,
@@ -58,7 +58,7 @@ impl<S> FencedClient<S> {
     {
         let fence = &self.layer.fence;
         match fence.admit(headers(&mut request)) {
-            Ok(()) => ResponseFuture::sent(self.inner.call(request), &fence.lease),
+            Ok(()) => ResponseFuture::sent(self.inner.call(request), fence),
             Err(lost) => ResponseFuture::not_sent(lost),
         }
     }
@@ -67,6 +67,7 @@ impl<S> FencedClient<S> {
 impl<S, B> Service<http::Request<B>> for FencedClient<S>
 where
     S: Service<http::Request<B>>,
+    S::Response: ResponseHead,
 {
     type Response = S::Response;
     type Error = FencedClientError<S::Error>;
@@ -84,6 +85,7 @@ where
 impl<S> Service<reqwest::Request> for FencedClient<S>
 where
     S: Service<reqwest::Request>,
+    S::Response: ResponseHead,
 {
     type Response = S::Response;
     type Error = FencedClientError<S::Error>;

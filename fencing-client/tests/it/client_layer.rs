@@ -46,7 +46,12 @@ impl Locks {
 
     /// A lease on `name`, renewed every 100 ms so that a loss is seen quickly.
     async fn lease(&self, name: &str) -> Lease {
-        let options = LeaseOptions::default().renew_every(Duration::from_millis(100));
+        self.lease_renewed(name, Duration::from_millis(100)).await
+    }
+
+    /// A lease on `name`, renewed every `every`.
+    async fn lease_renewed(&self, name: &str, every: Duration) -> Lease {
+        let options = LeaseOptions::default().renew_every(every);
         let client = DemoLockClient::new(self.service.base_url()).unwrap();
         client.lease_with(name, "worker-1", Duration::from_secs(30), options).await.unwrap()
     }
@@ -237,6 +242,117 @@ async fn a_reqwest_client_is_a_tower_service_the_layer_wraps() {
     assert_eq!(seen.requests.load(Ordering::SeqCst), 1);
 }
 
+/// The fencing layer's stale refusal ends the lease for the client layer; the
+/// application's own 409 does not.
+mod stale {
+    use axum::http::StatusCode;
+    use axum::routing::post;
+
+    use super::*;
+
+    /// `PUT /docs/{name}` stores; `POST /docs/{name}/conflict` answers the application's
+    /// own `409`; both fenced by one in-memory store. Counts every request that arrives.
+    async fn resource() -> (String, Arc<AtomicUsize>) {
+        let arrived = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&arrived);
+        let fencing = FencingLayer::new();
+        let app = Router::new()
+            .route("/docs/{name}", put(|| async { "stored" }).route_layer(fencing.clone()))
+            .route(
+                "/docs/{name}/conflict",
+                post(|| async { (StatusCode::CONFLICT, "version conflict") }).route_layer(fencing),
+            )
+            .layer(from_fn(move |request: Request, next: Next| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                next.run(request)
+            }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (format!("http://{addr}"), arrived)
+    }
+
+    fn request(method: &str, url: String) -> http::Request<Full<Bytes>> {
+        http::Request::builder().method(method).uri(url).body(Full::new(Bytes::from_static(b"v"))).unwrap()
+    }
+
+    /// A newer holder writes `path` with `token`, without the layer.
+    async fn newer_holder_writes(url: String, token: u64) {
+        let mut request = request("PUT", url);
+        request.headers_mut().insert("fencing-token", token.into());
+        assert_eq!(hyper_client().request(request).await.unwrap().status(), 200);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_refusal_stops_every_request_of_the_layer_and_an_application_409_does_not() {
+        let locks = Locks::start().await;
+        let (base, arrived) = resource().await;
+        let lease = locks.lease("report").await;
+        let layer = lease.layer();
+        let mut client = ServiceBuilder::new().layer(layer.clone()).service(hyper_client());
+
+        // The application's 409: a response like any other, and the layer goes on.
+        let conflict = format!("{base}/docs/report/conflict");
+        let response = client.ready().await.unwrap().call(request("POST", conflict)).await.unwrap();
+        assert_eq!(response.status(), 409);
+        assert!(response.headers().get("fencing-problem").is_none());
+        let report = format!("{base}/docs/report");
+        let response = client.ready().await.unwrap().call(request("PUT", report.clone())).await.unwrap();
+        assert_eq!(response.status(), 200);
+
+        // The lease is still valid here; the resource has seen a newer token all the same.
+        let newer = lease.token() + 1;
+        newer_holder_writes(report.clone(), newer).await;
+        assert_eq!(arrived.load(Ordering::SeqCst), 3);
+        let error = client.ready().await.unwrap().call(request("PUT", report.clone())).await.unwrap_err();
+        assert!(matches!(error, HyperError::Refused(_)), "{error:?}");
+        assert_eq!(error.lost(), Some(&Lost(LossReason::Superseded { highest: Some(newer) })));
+        assert_eq!(
+            error.to_string(),
+            format!("request refused as stale: lease lost: the resource has seen a newer token ({newer})")
+        );
+        assert_eq!(arrived.load(Ordering::SeqCst), 4);
+        assert!(lease.is_valid(), "the proof stops the layer, not the lease");
+
+        // Nothing more leaves through this layer: not on this client, not on another
+        // client it wraps, not to another key.
+        let error = client.ready().await.unwrap().call(request("PUT", report)).await.unwrap_err();
+        assert!(matches!(error, HyperError::NotSent(Lost(LossReason::Superseded { .. }))), "{error:?}");
+        let mut other = ServiceBuilder::new().layer(layer).service(hyper_client());
+        let elsewhere = format!("{base}/docs/elsewhere");
+        let error = other.ready().await.unwrap().call(request("PUT", elsewhere)).await.unwrap_err();
+        assert!(matches!(error, HyperError::NotSent(_)), "{error:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(arrived.load(Ordering::SeqCst), 4, "a request was sent after the proof");
+
+        // A fresh layer of the same lease still sends (and is refused in its turn).
+        let mut fresh = ServiceBuilder::new().layer(lease.layer()).service(hyper_client());
+        let elsewhere = format!("{base}/docs/elsewhere");
+        let response = fresh.ready().await.unwrap().call(request("PUT", elsewhere)).await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reqwest_client_stops_at_the_proof_too() {
+        let locks = Locks::start().await;
+        let (base, arrived) = resource().await;
+        let lease = locks.lease("notes").await;
+        let http = reqwest::Client::builder().no_proxy().timeout(LIMIT).build().unwrap();
+        let mut client = ServiceBuilder::new().layer(lease.layer()).service(http);
+        let url = format!("{base}/docs/notes");
+
+        newer_holder_writes(url.clone(), lease.token() + 5).await;
+        let request = client.get_ref().put(&url).body("v1").build().unwrap();
+        let error = client.ready().await.unwrap().call(request).await.unwrap_err();
+        let superseded = Lost(LossReason::Superseded { highest: Some(lease.token() + 5) });
+        assert!(matches!(&error, FencedClientError::Refused(lost) if *lost == superseded), "{error:?}");
+        let request = client.get_ref().put(&url).body("v2").build().unwrap();
+        let error = client.ready().await.unwrap().call(request).await.unwrap_err();
+        assert!(matches!(&error, FencedClientError::NotSent(lost) if *lost == superseded), "{error:?}");
+        assert_eq!(arrived.load(Ordering::SeqCst), 2);
+    }
+}
+
 mod grpc {
     use super::*;
     use tonic::transport::server::TcpIncoming;
@@ -360,6 +476,32 @@ mod grpc {
         assert_eq!(seen.lock().unwrap().len(), 1);
     }
 
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_aborted_status_with_the_fencing_reason_stops_the_channel() {
+        let locks = Locks::start().await;
+        let store = MarkStore::in_memory();
+        let (url, seen) = serve(store.clone(), Arc::default()).await;
+        let lease = locks.lease("ledger-stale").await;
+        let channel = Channel::from_shared(url).unwrap().connect().await.unwrap();
+        let mut client = HealthClient::new(ServiceBuilder::new().layer(lease.layer()).service(channel));
+        check(&mut client).await.unwrap();
+
+        // A newer holder's token reaches the service (the lease itself is still valid).
+        let newer = lease.token() + 1;
+        store.seed("/grpc.health.v1.Health/Check", newer).unwrap();
+        let status = check(&mut client).await.unwrap_err();
+        assert_eq!(status.code(), Code::Unknown, "{status:?}");
+        let error = fenced_error(&status);
+        assert!(matches!(error, FencedClientError::Refused(_)), "{error:?}");
+        assert_eq!(error.lost(), Some(&Lost(LossReason::Superseded { highest: Some(newer) })));
+        assert!(lease.is_valid(), "the proof stops the layer, not the lease");
+
+        let status = check(&mut client).await.unwrap_err();
+        assert!(matches!(fenced_error(&status), FencedClientError::NotSent(_)), "{status:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert_eq!(seen.lock().unwrap().len(), 2, "a call was sent after the proof");
+    }
+
     #[tokio::test]
     async fn a_channel_error_reaches_tonic_as_it_would_without_the_layer() {
         let locks = Locks::start().await;
@@ -430,10 +572,11 @@ mod deadline {
     /// An inner client that answers after `delay` with the token it was sent.
     fn slow_client(
         delay: Duration,
-    ) -> impl Service<http::Request<()>, Response = String, Error = std::io::Error> + Clone {
+    ) -> impl Service<http::Request<()>, Response = http::Response<String>, Error = std::io::Error> + Clone
+    {
         service_fn(move |request: http::Request<()>| async move {
             tokio::time::sleep(delay).await;
-            Ok(request.headers()["fencing-token"].to_str().unwrap().to_owned())
+            Ok(http::Response::new(request.headers()["fencing-token"].to_str().unwrap().to_owned()))
         })
     }
 
@@ -446,7 +589,7 @@ mod deadline {
         let first_deadline = lease.deadline();
         let start = Instant::now();
         let client = ServiceBuilder::new().layer(lease.layer()).service(slow_client(Duration::from_secs(10)));
-        assert_eq!(client.oneshot(http::Request::new(())).await.unwrap(), "7");
+        assert_eq!(client.oneshot(http::Request::new(())).await.unwrap().body(), "7");
         assert!(Instant::now() > first_deadline, "the request outlived the deadline it started with");
         assert_eq!(Instant::now() - start, Duration::from_secs(10));
         assert!(lease.is_valid());
@@ -524,5 +667,32 @@ mod middleware {
         assert!(matches!(error, FencedClientError::NotSent(_)), "{error:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(seen.requests.load(Ordering::SeqCst), 2, "a refused request reached the server");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn send_stops_at_a_stale_refusal() {
+        let locks = Locks::start().await;
+        let (base, seen, _) = resource(&locks).await;
+        // Renewed every 20 s: the older holder does not learn of its loss from its keeper.
+        let older = locks.lease_renewed("mw-stale", Duration::from_secs(20)).await;
+        let http = client(&older);
+        // The lock service forgets the older lease (as when a pause outlasts its TTL)
+        // and a newer holder writes.
+        assert!(locks.service.service().release(older.lease_id()).await.unwrap());
+        let newer = locks.lease("mw-stale").await;
+        let sent = client(&newer).put(format!("{base}/docs/mw-stale")).body("new").send().await.unwrap();
+        assert_eq!(sent.status(), 200);
+
+        let error = stopped(http.put(format!("{base}/docs/mw-stale")).body("old").send().await.unwrap_err());
+        let superseded = Lost(LossReason::Superseded { highest: Some(newer.token()) });
+        assert!(matches!(&error, FencedClientError::Refused(lost) if *lost == superseded), "{error:?}");
+        assert!(older.is_valid(), "the keeper has not noticed: the refusal is what stopped the request");
+        let error = stopped(http.put(format!("{base}/docs/mw-stale")).body("old").send().await.unwrap_err());
+        assert!(matches!(error, FencedClientError::NotSent(_)), "{error:?}");
+        // The older holder's write never ran.
+        assert_eq!(
+            seen.fenced.lock().unwrap().iter().filter(|(token, _)| *token == older.token()).count(),
+            0
+        );
     }
 }

@@ -42,6 +42,12 @@ impl Client {
                 );
                 if let Some(rejection) = rejection {
                     assert_eq!(rejection.status(), reply.status);
+                    // Every refusal names its problem in a header, for clients that read no body.
+                    assert_eq!(reply.headers["fencing-problem"], rejection.kind());
+                    let highest = reply.headers.get("fencing-highest-token").map(|v| v.to_str().unwrap());
+                    assert_eq!(highest.map(str::parse::<u64>).map(Result::unwrap), rejection.highest());
+                } else {
+                    assert!(reply.headers.get("fencing-problem").is_none());
                 }
                 reply
             }
@@ -136,6 +142,8 @@ async fn stale_tokens_are_409_and_equal_or_higher_pass(http: bool) {
     assert_eq!(problem["presented_token"], 4);
     assert_eq!(problem["highest_token"], 5);
     assert_eq!(problem["key"], "/logs/s");
+    assert_eq!(reply.headers["fencing-problem"], "stale-token");
+    assert_eq!(reply.headers["fencing-highest-token"], "5");
     assert_eq!(client.post("/logs/s", "5").await.status, StatusCode::OK);
     assert_eq!(client.post("/logs/s", "6").await.status, StatusCode::OK);
     assert_eq!(client.post("/logs/s", "5").await.status, StatusCode::CONFLICT);
@@ -333,6 +341,9 @@ async fn a_custom_responder_replaces_the_body_but_not_the_contract() {
     let response = router.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::CONFLICT);
     assert_eq!(response.extensions().get::<Rejection>().and_then(Rejection::highest), Some(2));
+    // The layer's headers stay, whichever the responder.
+    assert_eq!(response.headers()["fencing-problem"], "stale-token");
+    assert_eq!(response.headers()["fencing-highest-token"], "2");
     assert_eq!(&Reply::read(response).await.body[..], b"no: stale-token");
 }
 

@@ -8,7 +8,7 @@
 //! default [`ProblemJson`](crate::respond::ProblemJson) (turn that off with
 //! [`FencingLayer::grpc_statuses`](crate::FencingLayer::grpc_statuses); a
 //! custom responder answers gRPC requests itself, or through
-//! [`RejectionResponder::respond_grpc`]):
+//! [`RejectionResponder::respond_grpc`](crate::respond::RejectionResponder::respond_grpc)):
 //!
 //! | rejection | HTTP | gRPC status |
 //! |---|---|---|
@@ -30,13 +30,10 @@
 //! assert_eq!(GrpcStatus::code(&stale), 10); // ABORTED
 //! ```
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, StatusCode, header};
 use percent_encoding::{AsciiSet, CONTROLS, utf8_percent_encode};
 
-use crate::body::RejectionBody;
 use crate::rejection::Rejection;
-use crate::respond::RejectionResponder;
 
 /// Answers rejections with gRPC statuses; the layer uses it for gRPC requests
 /// by itself, and it can be set as the responder for every request with
@@ -62,7 +59,7 @@ impl GrpcStatus {
     }
 
     /// The trailers-only response's headers for `rejection`.
-    fn headers(rejection: &Rejection, headers: &mut HeaderMap) {
+    pub(crate) fn headers(rejection: &Rejection, headers: &mut HeaderMap) {
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert("grpc-status", HeaderValue::from(u16::from(Self::code(rejection))));
         headers.insert("grpc-message", encoded(&rejection.to_string()));
@@ -89,15 +86,6 @@ fn encoded(text: &str) -> HeaderValue {
     HeaderValue::try_from(text).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-impl<B: RejectionBody> RejectionResponder<B> for GrpcStatus {
-    fn respond(&self, rejection: &Rejection) -> Response<B> {
-        // Trailers-only: no body, so the headers end the stream and carry the status.
-        let mut response = Response::new(B::from_rejection(Bytes::new()));
-        Self::headers(rejection, response.headers_mut());
-        response
-    }
-}
-
 /// Whether `headers` are a gRPC request's: `application/grpc`, `application/grpc+proto`, ….
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers.get(header::CONTENT_TYPE).is_some_and(|value| {
@@ -108,16 +96,13 @@ pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     })
 }
 
-/// With the `tonic` feature, a fenced gRPC service keeps its name, so
-/// `Server::builder().add_service(layer.layer(service))` routes to it.
-#[cfg(feature = "tonic")]
-impl<S: tonic::server::NamedService, E, R> tonic::server::NamedService for crate::Fencing<S, E, R> {
-    const NAME: &'static str = S::NAME;
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
+    use bytes::Bytes;
+    use http::Response;
+
     use super::*;
+    use crate::respond::RejectionResponder;
 
     #[test]
     fn recognises_grpc_content_types() {

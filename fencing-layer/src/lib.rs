@@ -211,14 +211,14 @@
 pub mod axum;
 mod body;
 pub mod claims;
+mod config;
 pub mod future;
 pub mod grpc;
+mod headers;
 pub mod key;
 mod layer;
 mod methods;
 mod metrics;
-#[cfg(feature = "ed25519")]
-mod proof;
 mod rejection;
 pub mod respond;
 mod service;
@@ -229,9 +229,10 @@ pub mod verify;
 // The root holds what every user of the layer names; the rest is in the
 // modules above, by what it is for: `key`, `store`, `verify`, `respond`,
 // `grpc`, `claims`, `future`, `axum`.
-pub use crate::layer::{FENCING_PROOF, FENCING_TOKEN, FencingLayer, InFlightPolicy};
+pub use crate::config::InFlightPolicy;
+pub use crate::headers::{FENCING_HIGHEST_TOKEN, FENCING_PROBLEM, FENCING_PROOF, FENCING_TOKEN};
+pub use crate::layer::FencingLayer;
 pub use crate::rejection::Rejection;
-pub use crate::respond::{FENCING_HIGHEST_TOKEN, FENCING_PROBLEM};
 pub use crate::service::Fencing;
 pub use crate::store::MarkStore;
 pub use crate::token::{FencingToken, TokenError};

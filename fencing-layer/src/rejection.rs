@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use http::StatusCode;
 
-use crate::layer::Config;
 use crate::store::{SharedRefusal, StoreError};
 use crate::token::TokenError;
 
@@ -328,11 +327,16 @@ impl Rejection {
     /// A mark store's `error` for `presented` on `key`: a full key table and a
     /// key too long are the request's (400, 503 without a key); anything else
     /// is the store being unavailable (503 with `Retry-After`).
-    pub(crate) fn from_store_error(error: StoreError, key: String, presented: u64, config: &Config) -> Self {
+    pub(crate) fn from_store_error(
+        error: StoreError,
+        key: String,
+        presented: u64,
+        retry_after: Duration,
+    ) -> Self {
         match error {
             StoreError::KeyTableFull { limit } => Self::KeyTableFull { limit },
             StoreError::KeyTooLong { limit } => Self::KeyTooLong { limit },
-            error => Self::StoreUnavailable { key, presented, error, retry_after: config.retry_after },
+            error => Self::StoreUnavailable { key, presented, error, retry_after },
         }
     }
 
@@ -341,9 +345,8 @@ impl Rejection {
         refusal: SharedRefusal,
         key: String,
         presented: u64,
-        config: &Config,
+        retry_after: Duration,
     ) -> Self {
-        let retry_after = config.retry_after;
         match refusal {
             SharedRefusal::Stale { highest } => Self::Stale { key, presented, highest },
             SharedRefusal::DrainTimeout => Self::DrainTimeout { key, presented, retry_after },
@@ -351,7 +354,7 @@ impl Rejection {
             SharedRefusal::InvalidKey(why) => {
                 Self::MissingKey { why: format!("the shared store cannot hold this key: {why}").into() }
             }
-            SharedRefusal::Unavailable(error) => Self::from_store_error(error, key, presented, config),
+            SharedRefusal::Unavailable(error) => Self::from_store_error(error, key, presented, retry_after),
         }
     }
 }

@@ -25,21 +25,12 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{HeaderValue, Response, StatusCode, header};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
 use crate::grpc::GrpcStatus;
+use crate::headers::{FENCING_HIGHEST_TOKEN, FENCING_PROBLEM};
 use crate::rejection::Rejection;
-
-/// The header on every rejection that names its problem type, e.g.
-/// `Fencing-Problem: stale-token` (the last segment of the problem+json `type`):
-/// a client tells the layer's 409 from its application's own by this header alone,
-/// without reading the body.
-pub const FENCING_PROBLEM: HeaderName = HeaderName::from_static("fencing-problem");
-
-/// The header on a stale-token rejection that gives the highest token the
-/// resource has seen for the key: proof that a newer holder exists.
-pub const FENCING_HIGHEST_TOKEN: HeaderName = HeaderName::from_static("fencing-highest-token");
 
 pub use crate::body::RejectionBody;
 
@@ -283,6 +274,16 @@ impl Rejection {
             headers.insert(header::RETRY_AFTER, retry_after_seconds(after));
         }
         response.extensions_mut().insert(self);
+        response
+    }
+}
+
+/// A gRPC request's refusal as a trailers-only response (see [`GrpcStatus`]).
+impl<B: RejectionBody> RejectionResponder<B> for GrpcStatus {
+    fn respond(&self, rejection: &Rejection) -> Response<B> {
+        // Trailers-only: no body, so the headers end the stream and carry the status.
+        let mut response = Response::new(B::from_rejection(Bytes::new()));
+        Self::headers(rejection, response.headers_mut());
         response
     }
 }

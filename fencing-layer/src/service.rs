@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
-use tower_layer::Layer;
 use tower_service::Service;
 
+use crate::config::{Config, Settings};
 use crate::future::{Place, ResponseFuture};
+use crate::grpc::is_grpc;
 use crate::key::{KeyExtractor, PathKey};
-use crate::layer::{Config, FencingLayer, Settings};
 use crate::rejection::Rejection;
 use crate::respond::{ProblemJson, RejectionResponder};
 use crate::store::admission::Admission;
-use crate::store::{Found, MarkStore};
+use crate::store::{Found, MarkStore, SharedPermit, SharedRefusal};
 use crate::token::FencingToken;
 
 /// Middleware that refuses requests whose fencing token is lower than the
@@ -24,22 +24,10 @@ use crate::token::FencingToken;
 /// higher-token requests for one resource from ever being inside the inner
 /// service at the same time.
 ///
-/// Built by [`FencingLayer`]; see the [crate docs](crate) for the contract.
+/// Built by [`FencingLayer`](crate::FencingLayer); see the [crate docs](crate) for the contract.
 pub struct Fencing<S, E = PathKey, R = ProblemJson> {
     inner: S,
     settings: Arc<Settings<E, R>>,
-}
-
-impl<S> Fencing<S> {
-    /// Wraps `inner` with the default configuration.
-    pub fn new(inner: S) -> Self {
-        FencingLayer::new().layer(inner)
-    }
-
-    /// The default [`FencingLayer`], to configure and apply.
-    pub fn layer() -> FencingLayer {
-        FencingLayer::new()
-    }
 }
 
 impl<S, E, R> Fencing<S, E, R> {
@@ -126,27 +114,10 @@ where
         if let Some(store) = &config.shared_store {
             return match store.0.try_admit(&key, token.get()) {
                 // Decided in memory: under this replica's claim, or below a mark it knows.
-                Some(Ok(permit)) => {
-                    config.insert_token_extension(&mut request, token);
-                    let grpc = crate::grpc::is_grpc(request.headers());
-                    // No key kept: a claim's permit knows its key, for the rare 503.
-                    ResponseFuture::shared_inside(
-                        self.inner.call(request),
-                        permit,
-                        None,
-                        token,
-                        grpc,
-                        settings,
-                    )
-                }
-                Some(Err(refusal)) => {
+                Some(Ok(permit)) => shared_inside(&mut self.inner, settings, request, permit, token),
+                decided => {
                     let key = key.into_owned();
-                    ResponseFuture::shared_refused(settings, refusal, key, token, request.headers())
-                }
-                None => {
-                    let key = key.into_owned();
-                    let inner = take_readied(&mut self.inner);
-                    ResponseFuture::shared(inner, request, token, key, settings)
+                    shared_slow(&mut self.inner, settings, decided, request, token, key)
                 }
             };
         }
@@ -161,7 +132,8 @@ where
             }
             Ok(Found::Slow(state)) => state,
             Err(error) => {
-                let rejection = Rejection::from_store_error(error, key.into_owned(), token.get(), config);
+                let rejection =
+                    Rejection::from_store_error(error, key.into_owned(), token.get(), config.retry_after);
                 return ResponseFuture::rejected(settings, rejection, request.headers());
             }
         };
@@ -186,6 +158,54 @@ where
                 ResponseFuture::admitting(admission, inner, request, token, key, state, settings)
             }
         }
+    }
+}
+
+/// With the `tonic` feature, a fenced gRPC service keeps its name, so
+/// `Server::builder().add_service(layer.layer(service))` routes to it.
+#[cfg(feature = "tonic")]
+impl<S: tonic::server::NamedService, E, R> tonic::server::NamedService for Fencing<S, E, R> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// A request a shared store admitted in memory: into the inner service.
+#[inline(always)]
+fn shared_inside<S, E, R, ReqBody, ResBody>(
+    inner: &mut S,
+    settings: &Arc<Settings<E, R>>,
+    mut request: Request<ReqBody>,
+    permit: SharedPermit,
+    token: FencingToken,
+) -> ResponseFuture<S, ReqBody, E, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    R: RejectionResponder<ResBody>,
+{
+    settings.config.insert_token_extension(&mut request, token);
+    let grpc = is_grpc(request.headers());
+    // No key kept: a claim's permit knows its key, for the rare 503.
+    let future = inner.call(request);
+    ResponseFuture::shared_inside(future, permit, None, token, grpc, settings)
+}
+
+/// A request a shared store refused in memory, or must decide with its database.
+fn shared_slow<S, E, R, ReqBody, ResBody>(
+    inner: &mut S,
+    settings: &Arc<Settings<E, R>>,
+    decided: Option<Result<SharedPermit, SharedRefusal>>,
+    request: Request<ReqBody>,
+    token: FencingToken,
+    key: String,
+) -> ResponseFuture<S, ReqBody, E, R>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    R: RejectionResponder<ResBody>,
+{
+    match decided {
+        Some(Err(refusal)) => {
+            ResponseFuture::shared_refused(settings, refusal, key, token, request.headers())
+        }
+        _ => ResponseFuture::shared(take_readied(inner), request, token, key, settings),
     }
 }
 

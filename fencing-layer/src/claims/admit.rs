@@ -7,6 +7,7 @@ use std::cmp::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::futures::OwnedNotified;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -49,26 +50,10 @@ pub(super) async fn admit(
             if Instant::now() >= deadline {
                 return Err(SharedRefusal::DrainTimeout);
             }
-            tokio::select! {
-                () = woken => {}
-                () = tokio::time::sleep_until(deadline.min(Instant::now() + POLL)) => {}
-            }
+            pause(woken, deadline.min(Instant::now() + POLL)).await;
             continue;
         };
-        if !inner.has_room_for(&key) {
-            let limit = inner.max_claims.load(std::sync::atomic::Ordering::Relaxed);
-            return Err(SharedRefusal::Unavailable(StoreError::KeyTableFull { limit }));
-        }
-        // A claim nobody can renew would only lapse: none goes out without a session.
-        let left = deadline.saturating_duration_since(Instant::now());
-        let timing = inner.timing;
-        inner
-            .session(left.min(timing.renew_every + timing.renew_timeout))
-            .await
-            .map_err(SharedRefusal::Unavailable)?;
-        let grant = inner.next_grant();
-        let sent = inner.now();
-        let reply = ask(&inner, &key, token, grant).await.map_err(SharedRefusal::Unavailable)?;
+        let (reply, grant, sent) = claim(&inner, &key, token, deadline).await?;
         match reply {
             ClaimReply::Stale { mark } => {
                 inner.raised(&key, mark);
@@ -95,14 +80,43 @@ pub(super) async fn admit(
                     return Err(SharedRefusal::DrainTimeout);
                 }
                 // Just after the soonest expiry, or at the next poll, or at the bound.
-                let pause = soonest.map_or(POLL, |soonest| (soonest + Duration::from_millis(1)).min(POLL));
-                let until = deadline.min(now + pause);
-                tokio::select! {
-                    () = woken => {}
-                    () = tokio::time::sleep_until(until) => {}
-                }
+                let wait = soonest.map_or(POLL, |soonest| (soonest + Duration::from_millis(1)).min(POLL));
+                pause(woken, deadline.min(now + wait)).await;
             }
         }
+    }
+}
+
+/// Asks the database for `key`'s claim at `token`, as this replica's one claimer of
+/// them: if the key has room, once a session can renew the claim (a claim nobody
+/// can renew would only lapse). The reply, with the grant asked for and when.
+async fn claim(
+    inner: &Arc<Inner>,
+    key: &str,
+    token: u64,
+    deadline: Instant,
+) -> Result<(ClaimReply, u64, u64), SharedRefusal> {
+    if !inner.has_room_for(key) {
+        let limit = inner.max_claims.load(std::sync::atomic::Ordering::Relaxed);
+        return Err(SharedRefusal::Unavailable(StoreError::KeyTableFull { limit }));
+    }
+    let left = deadline.saturating_duration_since(Instant::now());
+    let timing = inner.timing;
+    inner
+        .session(left.min(timing.renew_every + timing.renew_timeout))
+        .await
+        .map_err(SharedRefusal::Unavailable)?;
+    let grant = inner.next_grant();
+    let sent = inner.now();
+    let reply = ask(inner, key, token, grant).await.map_err(SharedRefusal::Unavailable)?;
+    Ok((reply, grant, sent))
+}
+
+/// Until `woken` (a release or a raise of the key was heard) or `until`.
+async fn pause(woken: OwnedNotified, until: Instant) {
+    tokio::select! {
+        () = woken => {}
+        () = tokio::time::sleep_until(until) => {}
     }
 }
 

@@ -7,12 +7,14 @@ use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
+use pin_project_lite::pin_project;
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
 
 use super::Inner;
 pub(super) use super::cell::State;
 use super::cell::{ClaimCell, Then};
+use crate::store::ClaimedPlace;
 
 pub(super) struct Claim {
     pub(super) key: String,
@@ -62,11 +64,12 @@ impl Claim {
 
     /// Enters if the claim is valid at `now`.
     #[inline]
-    pub(super) fn try_enter(self: &Arc<Self>, now: u64) -> Option<Entered> {
-        // Registered before the state is read, so a revocation after the read wakes it.
-        let lost = Box::pin(Arc::clone(&self.lost).notified_owned());
+    pub(super) fn try_enter(self: &Arc<Self>, now: u64) -> Option<Pin<Box<Entered>>> {
+        // Created before the state is read, so a revocation after the read wakes it
+        // (`notify_waiters` wakes every `Notified` created before it, polled or not).
+        let lost = Arc::clone(&self.lost).notified_owned();
         match self.cell.try_enter(now) {
-            Ok(()) => Some(Entered { claim: Arc::clone(self), lost }),
+            Ok(()) => Some(Box::pin(Entered { claim: Arc::clone(self), lost })),
             Err(then) => {
                 self.then(then);
                 None
@@ -109,42 +112,47 @@ impl Claim {
     }
 }
 
-/// A request inside under a claim: leaves when dropped.
-pub(crate) struct Entered {
-    claim: Arc<Claim>,
-    lost: Pin<Box<OwnedNotified>>,
+pin_project! {
+    /// A request inside under a claim: leaves when dropped. Boxed once, as the
+    /// store's [`ClaimedPlace`], with its wake-up inside the box.
+    pub(crate) struct Entered {
+        claim: Arc<Claim>,
+        #[pin]
+        lost: OwnedNotified,
+    }
+
+    impl PinnedDrop for Entered {
+        fn drop(this: Pin<&mut Self>) {
+            this.claim.then(this.claim.cell.leave());
+        }
+    }
 }
 
-impl Entered {
-    pub(crate) fn key(&self) -> &str {
+impl ClaimedPlace for Entered {
+    fn key(&self) -> &str {
         &self.claim.key
     }
 
     /// Ready once the claim is lost.
-    pub(crate) fn poll_revoked(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    fn poll_revoked(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut this = self.project();
         loop {
-            if self.lost.as_mut().poll(cx).is_pending() {
+            if this.lost.as_mut().poll(cx).is_pending() {
                 return Poll::Pending;
             }
-            if self.claim.state() == State::Lost {
+            if this.claim.state() == State::Lost {
                 return Poll::Ready(());
             }
             // Woken for nothing (no other cause exists today): watch again.
-            self.lost = Box::pin(Arc::clone(&self.claim.lost).notified_owned());
+            this.lost.set(Arc::clone(&this.claim.lost).notified_owned());
         }
     }
 
     /// Whether the claim still covers this request now: not lost, and its
     /// deadline not passed (a keeper that could not act in time counts too).
     /// A handler that finished when this is false answers 503, not success.
-    pub(crate) fn held(&self) -> bool {
+    fn held(&self) -> bool {
         let now = self.claim.store.upgrade().map_or(u64::MAX, |store| store.now());
         self.claim.cell.held(now)
-    }
-}
-
-impl Drop for Entered {
-    fn drop(&mut self) {
-        self.claim.then(self.claim.cell.leave());
     }
 }

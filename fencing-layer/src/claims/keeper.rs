@@ -13,10 +13,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
+use std::ops::ControlFlow;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, broadcast};
+use tokio::time::error::Elapsed;
 use tokio::time::{Instant, MissedTickBehavior};
 
 use super::claim::{Claim, State};
@@ -187,47 +189,21 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
             replied = async { work.renewal.as_mut().expect("guarded").reply.as_mut().await }, if work.renewal.is_some() => {
                 let InFlight { sent, held, .. } = work.renewal.take().expect("guarded");
                 let Some(inner) = store.upgrade() else { return };
-                match replied {
-                    Ok(Ok(renewal)) => {
-                        if inner.renewed(sent, &held, renewal) {
-                            work.retry_at = Some(Instant::now() + BUSY_RETRY);
-                        }
-                    }
-                    Ok(Err(error)) => return tracing::warn!(%error, "claims: renewal failed; reopening the session"),
-                    Err(_) => return tracing::warn!("claims: renewal timed out; reopening the session"),
+                if work.renewed(&inner, sent, &held, replied).is_break() {
+                    return;
                 }
             }
             read = async { work.check.as_mut().expect("guarded").as_mut().await }, if work.check.is_some() => {
                 work.check = None;
                 let Some(inner) = store.upgrade() else { return };
-                match read {
-                    Ok(Ok(marks)) => marks.into_iter().for_each(|(key, mark)| inner.read_mark(&key, mark)),
-                    Ok(Err(error)) => return tracing::warn!(%error, "claims: reading marks failed; reopening the session"),
-                    Err(_) => return tracing::warn!("claims: reading marks timed out; reopening the session"),
+                if marks_read(&inner, read).is_break() {
+                    return;
                 }
             }
             event = events.recv() => {
                 let Some(inner) = store.upgrade() else { return };
-                match event {
-                    Ok(ClaimEvent::Raised { key, token }) => {
-                        if inner.holds_below(&key, token) {
-                            if work.to_check.len() < MAX_CHECKS {
-                                work.to_check.insert(key.clone());
-                            } else {
-                                work.renew_now = true;
-                            }
-                        }
-                        inner.wake(&key);
-                    }
-                    Ok(ClaimEvent::Released { key, .. }) => inner.wake(&key),
-                    Err(broadcast::error::RecvError::Lagged(missed)) => {
-                        tracing::debug!(missed, "claims: notifications came faster than they were heard");
-                        work.renew_now = true;
-                        inner.wake_all();
-                    }
-                    Err(broadcast::error::RecvError::Closed) => {
-                        return tracing::warn!("claims: the background session ended; reopening it");
-                    }
+                if work.heard(&inner, event).is_break() {
+                    return;
                 }
             }
             () = sleep_until(work.retry_at), if work.retry_at.is_some() => {
@@ -248,6 +224,76 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
             () = rearm.notified() => {}
         }
     }
+}
+
+/// Whether the session goes on after what it was told; `Break` when it is broken.
+type Session = ControlFlow<()>;
+
+impl Work {
+    /// A renewal's reply: extends the claims it covered (a retry soon when rows were busy).
+    fn renewed(
+        &mut self,
+        inner: &Inner,
+        sent: u64,
+        held: &[(Arc<Claim>, u64)],
+        replied: Result<Result<Renewal, StoreError>, Elapsed>,
+    ) -> Session {
+        match replied {
+            Ok(Ok(renewal)) => {
+                if inner.renewed(sent, held, renewal) {
+                    self.retry_at = Some(Instant::now() + BUSY_RETRY);
+                }
+                Session::Continue(())
+            }
+            Ok(Err(error)) => broken(format_args!("renewal failed ({error})")),
+            Err(_) => broken(format_args!("renewal timed out")),
+        }
+    }
+
+    /// A notification: only a hint. A raise above a claim held here has that key's
+    /// mark read (or, past `MAX_CHECKS` of them, every mark with the next renewal).
+    fn heard(&mut self, inner: &Inner, event: Result<ClaimEvent, broadcast::error::RecvError>) -> Session {
+        match event {
+            Ok(ClaimEvent::Raised { key, token }) => {
+                if inner.holds_below(&key, token) {
+                    if self.to_check.len() < MAX_CHECKS {
+                        self.to_check.insert(key.clone());
+                    } else {
+                        self.renew_now = true;
+                    }
+                }
+                inner.wake(&key);
+            }
+            Ok(ClaimEvent::Released { key, .. }) => inner.wake(&key),
+            Err(broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::debug!(missed, "claims: notifications came faster than they were heard");
+                self.renew_now = true;
+                inner.wake_all();
+            }
+            Err(broadcast::error::RecvError::Closed) => {
+                return broken(format_args!("the background session ended"));
+            }
+        }
+        Session::Continue(())
+    }
+}
+
+/// The marks read for keys a raise was heard for: the table's mark is what acts.
+fn marks_read(inner: &Inner, read: Result<Result<Vec<(String, u64)>, StoreError>, Elapsed>) -> Session {
+    match read {
+        Ok(Ok(marks)) => {
+            marks.into_iter().for_each(|(key, mark)| inner.read_mark(&key, mark));
+            Session::Continue(())
+        }
+        Ok(Err(error)) => broken(format_args!("reading marks failed ({error})")),
+        Err(_) => broken(format_args!("reading marks timed out")),
+    }
+}
+
+/// Logs why the session is given up; the keeper opens another.
+fn broken(why: std::fmt::Arguments<'_>) -> Session {
+    tracing::warn!("claims: {why}; reopening the session");
+    Session::Break(())
 }
 
 /// Renews the claims that need it: those whose deadline would come before

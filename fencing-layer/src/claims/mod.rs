@@ -142,6 +142,7 @@ mod loom_model;
 mod timing;
 
 use std::collections::HashSet;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -153,7 +154,8 @@ pub use self::backend::{
     BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, EVENTS,
     Renewal,
 };
-pub(crate) use self::claim::Entered;
+/// A request inside under a claim, as the store's permit holds it.
+pub(crate) type Entered = Pin<Box<self::claim::Entered>>;
 use self::claim::{Claim, State};
 pub use self::timing::{
     ClaimTiming, ClaimTimingError, DEFAULT_MARGIN_FRACTION, DEFAULT_RENEWALS_PER_TERM, DEFAULT_TERM,

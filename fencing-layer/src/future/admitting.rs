@@ -19,7 +19,7 @@ use tower_service::Service;
 use crate::metrics::Stopwatch;
 use crate::respond::RejectionResponder;
 use crate::store::StoreError;
-use crate::store::admission::{Admission, KeyState, WaitFor};
+use crate::store::admission::{Admission, InsideGuard, KeyState, WaitFor};
 use crate::store::sync::OwnedNotified;
 use crate::verify::{Verification, VerifyError};
 
@@ -64,6 +64,48 @@ impl Wake {
             Self::Verifying { .. } => WaitFor::Verify,
         }
     }
+
+    /// What `admission` has the request wait for next (lower tokens, a write, the
+    /// verifier), its stopwatch started; an admission that ends the wait, back.
+    fn next<S, B, E, R>(
+        admission: Admission,
+        pending: &Pending<S, B, E, R>,
+        drain: &mut Stopwatch,
+        record: &mut Stopwatch,
+    ) -> Result<Self, Admission> {
+        match admission {
+            Admission::Wait(notified, waiting_for) => {
+                if waiting_for == WaitFor::Drain {
+                    drain.start();
+                }
+                Ok(Self::Notified { notified, waiting_for })
+            }
+            Admission::Record(duty) => {
+                record.start();
+                Ok(Self::Recorded { reply: pending.record(duty) })
+            }
+            Admission::Verify { mark } => Ok(Self::Verifying { verification: pending.verify(mark) }),
+            ends => Err(ends),
+        }
+    }
+
+    /// Ready with what the wake-up said: go and ask again, or the refusal it brought.
+    fn poll_woken<S, B, E, R>(
+        self: Pin<&mut Self>,
+        pending: &mut Pending<S, B, E, R>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<(), Refused>> {
+        match self.project() {
+            WakeProj::Notified { notified, .. } => notified.poll(cx).map(Ok),
+            WakeProj::Recorded { reply } => Pin::new(reply)
+                .poll(cx)
+                .map(|reply| reply.unwrap_or(Err(StoreError::Closed)).map_err(Refused::Store)),
+            WakeProj::Verifying { verification } => Pin::new(verification).poll(cx).map(|answer| {
+                pending.verified = answer.is_ok();
+                answer.map_err(Refused::Verifier)
+            }),
+        }
+    }
 }
 
 /// Why a waiting request's wake-up refused it.
@@ -80,21 +122,8 @@ impl<S, B, E, R> Waiting<S, B, E, R> {
         pending: Pending<S, B, E, R>,
     ) -> Pin<Box<Self>> {
         let (mut drain, mut record) = (Stopwatch::new(), Stopwatch::new());
-        let wake = match admission {
-            Admission::Wait(notified, waiting_for) => {
-                if waiting_for == WaitFor::Drain {
-                    drain.start();
-                }
-                Wake::Notified { notified, waiting_for }
-            }
-            Admission::Record(duty) => {
-                record.start();
-                pending.record(duty)
-            }
-            Admission::Verify { mark } => Wake::Verifying { verification: pending.verify(mark) },
-            Admission::Enter(_) | Admission::Stale { .. } => {
-                unreachable!("enter and stale are answered in `call`")
-            }
+        let Ok(wake) = Wake::next(admission, &pending, &mut drain, &mut record) else {
+            unreachable!("enter and stale are answered in `call`")
         };
         let deadline = Deadline::after(pending.settings.config.bound(wake.bound()));
         Box::pin(Self { wake, deadline, state, pending: Some(pending), drain, record })
@@ -115,16 +144,7 @@ where
     let Some(pending) = slot.as_mut() else { unreachable!("taken only on entering") };
     loop {
         let waited_for = wake.bound();
-        let woken = match wake.as_mut().project() {
-            WakeProj::Notified { notified, .. } => notified.poll(cx).map(Ok),
-            WakeProj::Recorded { reply } => Pin::new(reply)
-                .poll(cx)
-                .map(|reply| reply.unwrap_or(Err(StoreError::Closed)).map_err(Refused::Store)),
-            WakeProj::Verifying { verification } => Pin::new(verification).poll(cx).map(|answer| {
-                pending.verified = answer.is_ok();
-                answer.map_err(Refused::Verifier)
-            }),
-        };
+        let woken = wake.as_mut().poll_woken(pending, cx);
         let config = &pending.settings.config;
         if woken.is_ready() && waited_for == WaitFor::Write {
             // This request's own write, if it was one, is done either way.
@@ -153,47 +173,40 @@ where
                 if raised {
                     config.metrics.raised(&config.store);
                 }
-                match admission {
-                    Admission::Wait(notified, waiting_for) => {
-                        if waiting_for == WaitFor::Drain {
-                            waiting.drain.start();
+                match Wake::next(admission, pending, waiting.drain, waiting.record) {
+                    Ok(next) => {
+                        // A new bound when the wait changes kind (the write is done, the
+                        // drain begins) or starts afresh (this request's own write after a
+                        // failed one, a verification); the same bound otherwise.
+                        if next.bound() != waited_for || !matches!(next, Wake::Notified { .. }) {
+                            deadline.as_mut().reset(config.bound(next.bound()));
                         }
-                        // A new bound when the wait changes kind (the write is
-                        // done, the drain begins); the same bound otherwise.
-                        if waiting_for != waited_for {
-                            deadline.as_mut().reset(config.bound(waiting_for));
-                        }
-                        wake.set(Wake::Notified { notified, waiting_for });
+                        wake.set(next);
                         continue;
                     }
-                    Admission::Record(duty) => {
-                        // The previous write failed: this request writes, with its own bound.
-                        waiting.record.start();
-                        deadline.as_mut().reset(config.store.write_timeout());
-                        wake.set(pending.record(duty));
-                        continue;
-                    }
-                    Admission::Verify { mark } => {
-                        // An operator reset the mark below this token while it waited.
-                        deadline.as_mut().reset(config.verify_timeout);
-                        wake.set(Wake::Verifying { verification: pending.verify(mark) });
-                        continue;
-                    }
-                    Admission::Enter(guard) => {
+                    Err(Admission::Enter(guard)) => {
                         config.metrics.drain_waited(waiting.drain);
                         let Some(pending) = slot.take() else { unreachable!("checked above") };
-                        let Pending { mut inner, request, token, key, settings, .. } = pending;
-                        tracing::debug!(key = ?key, token = token.get(), "fenced request admitted after waiting");
-                        let key = settings.config.watches_in_flight().then_some(key);
-                        return Poll::Ready(Step::Next(Kind::enter(
-                            &mut inner, request, token, key, guard, &settings,
-                        )));
+                        return Poll::Ready(Step::Next(enter(pending, guard)));
                     }
-                    Admission::Stale { highest } => pending.stale(highest),
+                    Err(Admission::Stale { highest }) => pending.stale(highest),
+                    Err(_) => unreachable!("every wait is taken by `Wake::next`"),
                 }
             }
         };
         config.metrics.drain_waited(waiting.drain);
         return Poll::Ready(Step::Done(Ok(pending.answer(rejection))));
     }
+}
+
+/// The request, admitted after its wait: inside (or watched), as from `call`.
+fn enter<S, B, E, R, ResBody>(pending: Pending<S, B, E, R>, guard: InsideGuard) -> Kind<S, B, E, R>
+where
+    S: Service<Request<B>, Response = Response<ResBody>>,
+    R: RejectionResponder<ResBody>,
+{
+    let Pending { mut inner, request, token, key, settings, .. } = pending;
+    tracing::debug!(key = ?key, token = token.get(), "fenced request admitted after waiting");
+    let key = settings.config.watches_in_flight().then_some(key);
+    Kind::enter(&mut inner, request, token, key, guard, &settings)
 }

@@ -16,8 +16,8 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::config::Settings;
 use crate::grpc::is_grpc;
-use crate::layer::Settings;
 use crate::metrics::InsideCount;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
@@ -178,7 +178,12 @@ where
                     }
                     _ => {}
                 }
-                Rejection::from_shared_refusal(refusal, pending.key.clone(), pending.token.get(), config)
+                Rejection::from_shared_refusal(
+                    refusal,
+                    pending.key.clone(),
+                    pending.token.get(),
+                    config.retry_after,
+                )
             }
         };
         return Poll::Ready(Step::Done(Ok(pending.answer(rejection))));

@@ -48,8 +48,8 @@ use http::{HeaderMap, Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::config::{Config, Settings};
 use crate::grpc::is_grpc;
-use crate::layer::{Config, Settings};
 use crate::metrics::InsideCount;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
@@ -237,7 +237,8 @@ where
         token: FencingToken,
         headers: &HeaderMap,
     ) -> Self {
-        let rejection = Rejection::from_shared_refusal(refusal, key, token.get(), &settings.config);
+        let rejection =
+            Rejection::from_shared_refusal(refusal, key, token.get(), settings.config.retry_after);
         Self::rejected(settings, rejection, headers)
     }
 }

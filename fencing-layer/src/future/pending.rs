@@ -3,17 +3,16 @@
 use std::sync::Arc;
 
 use http::{Request, Response};
+use tokio::sync::oneshot;
 
+use crate::config::Settings;
 use crate::grpc::is_grpc;
-use crate::layer::Settings;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
 use crate::store::admission::RecordDuty;
 use crate::store::{SharedAdmission, StoreError};
 use crate::token::FencingToken;
 use crate::verify::{Raise, Verification, VerifyError};
-
-use super::admitting::Wake;
 
 /// A request that is not inside yet, with the readied service that will take it.
 pub(super) struct Pending<S, B, E, R> {
@@ -46,8 +45,8 @@ impl<S, B, E, R> Pending<S, B, E, R> {
     }
 
     /// Has the store record the raise this request carries the duty for.
-    pub(super) fn record(&self, duty: RecordDuty) -> Wake {
-        Wake::Recorded { reply: self.settings.config.store.record(&self.key, duty) }
+    pub(super) fn record(&self, duty: RecordDuty) -> oneshot::Receiver<Result<(), StoreError>> {
+        self.settings.config.store.record(&self.key, duty)
     }
 
     /// Asks the verifier about raising the mark from `mark` to this request's token.
@@ -111,6 +110,11 @@ impl<S, B, E, R> Pending<S, B, E, R> {
 
     /// The store's error, as the rejection it is.
     pub(super) fn store_error(&self, error: StoreError) -> Rejection {
-        Rejection::from_store_error(error, self.key.clone(), self.token.get(), &self.settings.config)
+        Rejection::from_store_error(
+            error,
+            self.key.clone(),
+            self.token.get(),
+            self.settings.config.retry_after,
+        )
     }
 }

@@ -13,8 +13,8 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use crate::config::Settings;
 use crate::grpc::is_grpc;
-use crate::layer::Settings;
 use crate::metrics::InsideCount;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;

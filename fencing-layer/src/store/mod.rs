@@ -50,6 +50,7 @@ pub use self::log::MarkLog;
 pub use self::redb::RedbMarkLog;
 #[cfg(feature = "redb")]
 pub use self::reopen::{REOPEN_INTERVAL, ReopeningDatabase, StorageFault};
+pub(crate) use self::shared::ClaimedPlace;
 pub use self::shared::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
 
 /// How many keys a store tracks unless told otherwise.

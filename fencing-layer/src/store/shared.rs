@@ -91,7 +91,19 @@ pub struct SharedPermit {
 enum Place {
     Held(#[allow(dead_code)] Box<dyn Any + Send>),
     Revocable(#[allow(dead_code)] Box<dyn Any + Send>, Pin<Box<dyn Future<Output = ()> + Send>>),
-    Claim(crate::claims::Entered),
+    Claim(Pin<Box<dyn ClaimedPlace>>),
+}
+
+/// A place inside that its store takes back when it must, and that knows its
+/// key: a replica's claim (`claims::Entered`). A trait, so that this module
+/// needs nothing from the stores built on it.
+pub(crate) trait ClaimedPlace: Send {
+    /// The key the request is inside for.
+    fn key(&self) -> &str;
+    /// Whether the place still covers the request now.
+    fn held(&self) -> bool;
+    /// Ready once the request must be stopped.
+    fn poll_revoked(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()>;
 }
 
 impl SharedPermit {
@@ -106,8 +118,8 @@ impl SharedPermit {
         Self::from_place(Place::Revocable(Box::new(place), Box::pin(revoked)))
     }
 
-    pub(crate) fn claim(entered: crate::claims::Entered) -> Self {
-        Self::from_place(Place::Claim(entered))
+    pub(crate) fn claim(place: Pin<Box<dyn ClaimedPlace>>) -> Self {
+        Self::from_place(Place::Claim(place))
     }
 
     fn from_place(place: Place) -> Self {
@@ -158,7 +170,7 @@ impl SharedPermit {
         match &mut self.place {
             Place::Held(_) => Poll::Pending,
             Place::Revocable(_, revoked) => revoked.as_mut().poll(cx),
-            Place::Claim(entered) => entered.poll_revoked(cx),
+            Place::Claim(entered) => entered.as_mut().poll_revoked(cx),
         }
     }
 }

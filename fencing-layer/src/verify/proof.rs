@@ -40,8 +40,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ed25519_dalek::{Signature, Signer, SigningKey, Verifier, VerifyingKey};
 use http::HeaderName;
 
-use crate::layer::FENCING_PROOF;
-use crate::verify::{Raise, TokenVerifier, Verification};
+use super::{Raise, TokenVerifier, Verification};
+use crate::headers::FENCING_PROOF;
 
 const CONTEXT: &[u8] = b"fencing-proof-v1\0";
 

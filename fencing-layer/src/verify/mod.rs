@@ -55,7 +55,10 @@ use std::task::{Context, Poll};
 use http::HeaderMap;
 
 #[cfg(feature = "ed25519")]
-pub use crate::proof::{Ed25519Verifier, KeyError, ProofPublicKey, ProofSigner};
+mod proof;
+
+#[cfg(feature = "ed25519")]
+pub use self::proof::{Ed25519Verifier, KeyError, ProofPublicKey, ProofSigner};
 
 /// How long the layer waits for a verifier's answer unless told otherwise.
 pub const DEFAULT_VERIFY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);

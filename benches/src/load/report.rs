@@ -105,14 +105,14 @@ impl RoundRow {
         };
         format!(
             "round {}/{rounds} {:<9} {:>9.0} req/s  p50 {:>7.1} us  p99 {:>7.1} us  p99.9 {:>7.1} us{corrected}{lag}  \
-             server {:>6.0} ns CPU/req  2xx {} 409 {} 400 {} other {} errors {}  load {loadavg}",
+             server {:>9} CPU/req  2xx {} 409 {} 400 {} other {} errors {}  load {loadavg}",
             self.round,
             self.target,
             self.requests_per_s,
             self.p50_us,
             self.p99_us,
             self.p999_us,
-            self.server_cpu_ns_per_request.unwrap_or(f64::NAN),
+            cpu_per_request(self.server_cpu_ns_per_request),
             self.status_2xx,
             self.status_409,
             self.status_400,
@@ -120,6 +120,12 @@ impl RoundRow {
             self.errors,
         )
     }
+}
+
+/// A server's CPU time per request, or `n/a` where it is not known (a target in
+/// another process: only the in-process stand-ins' threads are measured).
+fn cpu_per_request(ns: Option<f64>) -> String {
+    ns.filter(|ns| ns.is_finite()).map_or_else(|| "n/a".to_owned(), |ns| format!("{ns:.0} ns"))
 }
 
 /// Latency percentiles in microseconds.
@@ -331,7 +337,7 @@ pub fn print(rows: &[TargetRow], ratios: Option<&Ratios>) {
     );
     for row in rows {
         println!(
-            "{:<9} {:>10} {:>11.0} {:>14.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.0} ns {:>8} {:>6} {:>6} {:>6} {:>6}",
+            "{:<9} {:>10} {:>11.0} {:>14.0} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>12} {:>8} {:>6} {:>6} {:>6} {:>6}",
             row.target,
             row.requests,
             row.requests_per_s,
@@ -340,7 +346,7 @@ pub fn print(rows: &[TargetRow], ratios: Option<&Ratios>) {
             row.as_sent.p99_us,
             row.as_sent.p999_us,
             row.as_sent.max_us,
-            row.server_cpu_ns_per_request.unwrap_or(f64::NAN),
+            cpu_per_request(row.server_cpu_ns_per_request),
             row.status_2xx,
             row.status_409,
             row.status_400,

@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use demo_resource::timeline::{BarKind, Timeline, Tone};
+//! use scenarios::timeline::{BarKind, Timeline, Tone};
 //!
 //! let ms = Duration::from_millis;
 //! let mut timeline = Timeline::new("two writes");

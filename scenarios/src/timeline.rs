@@ -220,6 +220,6 @@ impl Timeline {
 
     /// The picture, as a standalone SVG document (fonts: the generic families).
     pub fn to_svg(&self) -> String {
-        svg::render(self, &layout::Layout::of(self))
+        svg::render(self, &layout::Layout::of(self, svg::legend_width(self)))
     }
 }

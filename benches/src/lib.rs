@@ -1,4 +1,6 @@
-//! What fencing costs, side by side with the bare service and the alternatives.
+//! fencing-benches: what fencing costs, side by side with the bare service and the alternatives:
+//! criterion benches, a loopback load generator (`fencing-load`), and the layer's soak (examples/soak.rs).
+//! It is not a test suite or a library to build on: it measures, and nothing depends on it.
 //!
 //! The criterion benches (`cargo bench -p fencing-benches`) and the loopback load
 //! generator (`cargo run --release -p fencing-benches --bin fencing-load`) share the

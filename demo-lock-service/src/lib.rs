@@ -1,4 +1,6 @@
-//! A demo HTTP lease service that issues durable, strictly increasing fencing tokens.
+//! demo-lock-service: a demo HTTP lease service issuing durable, strictly increasing fencing tokens
+//! (library: [`LockService`]; binary: `demo-lock-service`), the token source of the workspace's demos.
+//! It is not a production lock service (one process, no replication), and it never checks a token: resources do.
 //!
 //! Routes (JSON; durations in milliseconds, never wall-clock timestamps):
 //!

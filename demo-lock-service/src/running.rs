@@ -1,6 +1,7 @@
 //! [`Served`]: a router to serve, in the foreground or in a background task;
 //! [`Running`]: one served in the background, and the way to stop it (the lock
-//! service's [`RunningService`](crate::RunningService), and demo-resource's servers).
+//! service's [`RunningService`](crate::RunningService), demo-resource's storage service and the
+//! scenarios' payment stand-in).
 
 use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
@@ -12,7 +13,7 @@ use tokio::task::JoinHandle;
 /// What a server serves: its routes, and what it lets go of once the server has
 /// stopped. The one way to serve them, in the foreground ([`serve`](Self::serve))
 /// or in a background task ([`spawn`](Self::spawn)), for the lock service and
-/// demo-resource's servers alike.
+/// the storage service (demo-resource) and the payment stand-in (scenarios) alike.
 pub trait Served {
     /// The routes to serve.
     fn router(&self) -> axum::Router;

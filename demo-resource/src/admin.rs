@@ -27,8 +27,8 @@ use axum::routing::{get, post};
 use fencing_layer::{MarkStore, store::StoreError};
 use serde::{Deserialize, Serialize};
 
-use crate::http::{Problem, read_limited, require_json};
 use crate::marks::ResetError;
+use crate::problem::{Problem, read_limited, require_json};
 use crate::store::Data;
 
 /// What the admin routes share.
@@ -192,7 +192,7 @@ mod tests {
         assert_eq!(key_query(Some("key=%2Flogs%2Fa+b")).unwrap().as_deref(), Some("/logs/a b"));
         assert_eq!(key_query(Some("key=/kv/k")).unwrap().as_deref(), Some("/kv/k"));
         for bad in ["key=a&key=b", "mark=1", "key=a&x=1"] {
-            assert_eq!(key_query(Some(bad)).unwrap_err().status, StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(key_query(Some(bad)).unwrap_err().status(), StatusCode::BAD_REQUEST, "{bad}");
         }
     }
 }

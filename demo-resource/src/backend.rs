@@ -8,17 +8,13 @@
 //! for PostgreSQL inside the transaction, after the fence, so a stalled stale
 //! write holds the key's mark row as a real one would.
 
-use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 
-use fencing_layer::store::StorageFault;
-#[cfg(feature = "postgres")]
-use fencing_postgres::FenceError;
-
+use crate::data::{DataError, Entry};
 #[cfg(feature = "postgres")]
 use crate::postgres::PgData;
-use crate::store::{Data, Entry};
+use crate::store::Data;
 
 /// The data of a resource.
 #[derive(Debug, Clone)]
@@ -28,41 +24,6 @@ pub(crate) enum Backend {
     /// Data shared by every replica (`--postgres`).
     #[cfg(feature = "postgres")]
     Postgres(PgData),
-}
-
-/// Why a data operation failed.
-#[derive(Debug)]
-pub(crate) enum DataError {
-    /// redb: the token is below the highest one already written for the resource.
-    Stale { presented: u64, highest: u64 },
-    /// redb failed, or its file is closed after an I/O failure (being reopened).
-    Storage(StorageFault),
-    /// The blocking task running a redb operation panicked.
-    Task(tokio::task::JoinError),
-    /// PostgreSQL refused (a stale token) or failed; answered as fencing-postgres does.
-    #[cfg(feature = "postgres")]
-    Postgres(FenceError),
-}
-
-#[cfg(feature = "postgres")]
-impl From<FenceError> for DataError {
-    fn from(error: FenceError) -> Self {
-        Self::Postgres(error)
-    }
-}
-
-impl fmt::Display for DataError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Stale { presented, highest } => {
-                write!(f, "fencing token {presented} is below {highest}, already written here")
-            }
-            Self::Storage(error) => write!(f, "storage failed: {error}"),
-            Self::Task(error) => write!(f, "storage task failed: {error}"),
-            #[cfg(feature = "postgres")]
-            Self::Postgres(error) => error.fmt(f),
-        }
-    }
 }
 
 impl Backend {

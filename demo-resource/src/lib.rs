@@ -1,5 +1,6 @@
-//! A small storage service whose write routes are fenced by [`fencing_layer`], and
-//! the seed's lease scenario run against it over real HTTP.
+//! demo-resource: a small storage service (logs and key-value pairs over HTTP) whose write routes
+//! are fenced by [`fencing_layer`], with durable marks, PostgreSQL replicas and admin routes.
+//! It is not the stories told against it: the seed's scenario, billing and the simulations live in `scenarios`.
 //!
 //! Routes (errors are RFC 9457 `application/problem+json`):
 //!
@@ -83,60 +84,20 @@
 //! running.shutdown().await?;
 //! # Ok(()) }
 //! ```
-//!
-//! [`scenario::run`] is the seed's scenario; `demo-resource scenario` prints it,
-//! and with `--timeline FILE.svg` draws it with [`timeline`].
-//!
-//! `billing::run` (feature `billing`) is the seed's second failure: a billing job on a Redis lock
-//! charging customers twice through [`payments`], a payment-provider stand-in that
-//! deduplicates by `Idempotency-Key` and cannot check tokens; then the fixes, a
-//! per-run record fenced with the token and idempotency keys
-//! (`demo-resource scenario billing`, docs/billing.md).
 
 mod admin;
+mod app;
 mod backend;
-#[cfg(feature = "billing")]
-pub mod billing;
-mod failure;
+mod data;
 mod http;
+mod limits;
 mod marks;
 mod metrics;
-pub mod payments;
 #[cfg(feature = "postgres")]
 mod postgres;
+pub mod problem;
 mod ready;
-pub mod scenario;
 mod store;
-pub mod timeline;
-
-/// docs/*.md, whose Rust code blocks are this crate's doctests (`cargo test -p demo-resource
-/// --all-features --doc`): each compiles, and those not marked `no_run` run. With feature `full`
-/// this crate depends on every crate of the workspace, and its dev-dependencies add what the pages
-/// use beyond them. The pages' other blocks say their language (`console`, `text`, `toml`...), so
-/// rustdoc leaves them.
-#[cfg(all(doctest, feature = "full"))]
-mod docs {
-    #[doc = include_str!("../../docs/authenticity.md")]
-    struct Authenticity;
-    #[doc = include_str!("../../docs/billing.md")]
-    struct Billing;
-    #[doc = include_str!("../../docs/etcd.md")]
-    struct Etcd;
-    #[doc = include_str!("../../docs/integrating.md")]
-    struct Integrating;
-    #[doc = include_str!("../../docs/lock-service.md")]
-    struct LockService;
-    #[doc = include_str!("../../docs/metrics.md")]
-    struct Metrics;
-    #[doc = include_str!("../../docs/operating-marks.md")]
-    struct OperatingMarks;
-    #[doc = include_str!("../../docs/replicas.md")]
-    struct Replicas;
-    #[doc = include_str!("../../docs/token-sources.md")]
-    struct TokenSources;
-    #[doc = include_str!("../../docs/walkthrough.md")]
-    struct Walkthrough;
-}
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -144,7 +105,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
 use fencing_layer::claims::ClaimTiming;
 use fencing_layer::{
@@ -155,13 +115,14 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+use crate::app::App;
 use crate::backend::Backend;
-pub use crate::failure::Failure;
-pub use crate::marks::{ResetError, StoppedMarks};
+pub use crate::data::Entry;
+pub use crate::limits::{MAX_BODY_BYTES, MAX_DELAY_MS, MAX_NAME_BYTES};
+pub use crate::marks::{OpenMarksError, ResetError, StoppedMarks};
 #[cfg(feature = "postgres")]
 use crate::postgres::PgData;
 use crate::store::Data;
-pub use crate::store::Entry;
 /// Installs the process's Prometheus recorder (the same as the lock service's); pass its handle to
 /// [`Resource::with_metrics`].
 pub use demo_lock_service::install_prometheus;
@@ -172,13 +133,6 @@ pub use demo_lock_service::{Running, Served};
 #[cfg(not(feature = "postgres"))]
 const POSTGRES_NOT_BUILT: &str = "PostgreSQL storage needs demo-resource built with feature `postgres` \
      (cargo build -p demo-resource --features postgres)";
-
-/// Largest accepted body of a write, in bytes (64 KiB); a larger one gets 413.
-pub const MAX_BODY_BYTES: usize = 64 * 1024;
-/// Largest accepted `delay_ms` (10 s); a larger one gets 400.
-pub const MAX_DELAY_MS: u64 = 10_000;
-/// Longest log name or key, in bytes; a longer one gets 400.
-pub const MAX_NAME_BYTES: usize = 256;
 
 /// Where a [`Resource`] keeps its data and marks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -362,61 +316,6 @@ pub struct Resource {
     shared: Option<fencing_postgres::PgSharedStore>,
     verifier: Option<Verifier>,
     metrics: Option<PrometheusHandle>,
-}
-
-/// What the handlers share.
-#[derive(Debug, Clone)]
-pub(crate) struct App {
-    data: Backend,
-    /// The layer's marks, for `GET /readyz`.
-    marks: Option<MarkStore>,
-    /// Resource path → how many writes are inside their handler.
-    in_flight: Arc<watch::Sender<BTreeMap<String, usize>>>,
-    /// Bumped by [`Resource::finish_delays`]: every `delay_ms` wait then ends.
-    delays: Arc<watch::Sender<u64>>,
-}
-
-impl App {
-    /// Counts a write to `resource` as inside its handler until the guard drops.
-    fn enter(&self, resource: &str) -> InFlight {
-        // Subscribe first: a `finish_delays` seen by anyone counting this write reaches it.
-        let delays = self.delays.subscribe();
-        self.in_flight.send_modify(|map| *map.entry(resource.to_owned()).or_default() += 1);
-        InFlight { resource: resource.to_owned(), in_flight: Arc::clone(&self.in_flight), delays }
-    }
-}
-
-/// A write inside its handler (admitted, not yet answered).
-pub(crate) struct InFlight {
-    resource: String,
-    in_flight: Arc<watch::Sender<BTreeMap<String, usize>>>,
-    delays: watch::Receiver<u64>,
-}
-
-impl InFlight {
-    /// Waits `delay`, or less if [`Resource::finish_delays`] is called meanwhile.
-    async fn delay(&mut self, delay: Duration) {
-        if delay.is_zero() {
-            return;
-        }
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            _ = self.delays.changed() => {}
-        }
-    }
-}
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        self.in_flight.send_modify(|map| {
-            if let Some(n) = map.get_mut(&self.resource) {
-                *n -= 1;
-                if *n == 0 {
-                    map.remove(&self.resource);
-                }
-            }
-        });
-    }
 }
 
 impl Resource {

@@ -13,7 +13,6 @@ use std::sync::Arc;
 
 use fencing_layer::{MarkStore, store::StoreError};
 
-use crate::failure::Failure;
 use crate::store::Data;
 
 /// Why a reset did not (fully) happen.
@@ -50,6 +49,18 @@ impl fmt::Display for ResetError {
 
 impl std::error::Error for ResetError {}
 
+/// Why [`StoppedMarks::open`] could not open a data directory's marks, in words.
+#[derive(Debug)]
+pub struct OpenMarksError(String);
+
+impl fmt::Display for OpenMarksError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OpenMarksError {}
+
 /// Resets `key`'s mark and the data's fence of the same path to `to`; the old mark.
 pub(crate) fn reset(marks: &MarkStore, data: &Data, key: &str, to: u64) -> Result<u64, ResetError> {
     if marks.mark(key).is_none() {
@@ -82,12 +93,12 @@ impl StoppedMarks {
     ///
     /// `DIR/marks.redb` or `DIR/data.redb` is missing (not a data directory of
     /// a fenced `serve`), or a running `serve` holds it, or it cannot be read.
-    pub fn open(dir: impl AsRef<Path>) -> Result<Self, Failure> {
+    pub fn open(dir: impl AsRef<Path>) -> Result<Self, OpenMarksError> {
         let dir = dir.as_ref();
         let [marks_path, data_path]: [PathBuf; 2] = [dir.join("marks.redb"), dir.join("data.redb")];
         for path in [&marks_path, &data_path] {
             if !path.is_file() {
-                return Err(Failure(format!(
+                return Err(OpenMarksError(format!(
                     "no {} at {}: is this the --data-dir of a fenced `demo-resource serve`?",
                     path.file_name().and_then(|n| n.to_str()).unwrap_or_default(),
                     path.display()
@@ -95,7 +106,7 @@ impl StoppedMarks {
             }
         }
         let held = |path: &Path, error: &dyn fmt::Display| {
-            Failure(format!(
+            OpenMarksError(format!(
                 "cannot open {}: {error} (a running `demo-resource serve` holds it: stop it first, or use its \
                  --admin-listen routes)",
                 path.display()

@@ -34,7 +34,7 @@ use fencing_postgres::{FenceError, PgFence, PoolLimits};
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
-use crate::store::Entry;
+use crate::data::Entry;
 
 /// The data tables; idempotent, and an advisory lock orders replicas starting
 /// at once (concurrent `CREATE TABLE IF NOT EXISTS` can fail). Run as one simple

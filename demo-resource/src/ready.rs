@@ -13,9 +13,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use fencing_layer::MarkStore;
 
-use crate::App;
+use crate::app::App;
 use crate::backend::Backend;
-use crate::http::Problem;
+use crate::problem::Problem;
 
 /// 200 `ready`, or 503 problem+json `not-ready` naming the store and why.
 pub(crate) async fn readyz(State(app): State<App>) -> Response {

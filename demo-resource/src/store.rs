@@ -17,12 +17,10 @@
 
 use std::path::Path;
 
+use crate::data::{DataError, Entry};
 use fencing_layer::store::{ReopeningDatabase, StorageFault};
 use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition, WriteTransaction};
-use serde::Serialize;
-
-use crate::backend::DataError;
 
 /// `(log name, index)` → `(token, text)`.
 const LOGS: TableDefinition<'_, (&str, u64), (Option<u64>, &str)> = TableDefinition::new("logs");
@@ -30,16 +28,6 @@ const LOGS: TableDefinition<'_, (&str, u64), (Option<u64>, &str)> = TableDefinit
 const KV: TableDefinition<'_, &str, (Option<u64>, &str)> = TableDefinition::new("kv");
 /// resource path (`/logs/{name}`, `/kv/{key}`) → highest token written.
 const FENCES: TableDefinition<'_, &str, u64> = TableDefinition::new("fences");
-
-/// One log entry or key-value pair: the text and the token it was written with
-/// (`null` in JSON when the write was unfenced).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub struct Entry {
-    /// The fencing token of the write, `None` when it carried none.
-    pub token: Option<u64>,
-    /// The text written.
-    pub value: String,
-}
 
 /// The database handle.
 #[derive(Debug)]

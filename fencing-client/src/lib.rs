@@ -1,4 +1,6 @@
-//! Client side of fenced leases.
+//! fencing-client: the client side of fenced leases: lock backends (the demo service, etcd, PostgreSQL,
+//! Redis, ZooKeeper), a lease keeper that renews and cancels on loss, and the token on every request.
+//! It is not the check: the resource (fencing-layer, fencing-postgres) is what refuses a stale token.
 //!
 //! * [`LockBackend`]: what a lock service must offer (acquire, keepalive, release,
 //!   each returning grant information); a backend writes only its [`LockProtocol`](backend::LockProtocol),

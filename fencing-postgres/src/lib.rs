@@ -1,4 +1,6 @@
-//! Fencing marks in PostgreSQL, checked in the same transaction as the write.
+//! fencing-postgres: fencing marks in PostgreSQL, shared by every replica: checked in the same
+//! transaction as the write ([`PgFence`]), or for the layer as a whole ([`PgSharedStore`], replica claims).
+//! It is not a lock or a token source: fencing-client's `PgLockClient` issues tokens; this crate checks them.
 //!
 //! The fencing layer keeps marks per process. With several replicas behind a
 //! load balancer, a stale holder's request can reach a replica that never saw

@@ -1,4 +1,8 @@
-//! What the workspace's tests share, written once: the loud skip, free ports,
+//! test-support: what the workspace's tests share, written once: skips, ports, throwaway servers
+//! and databases, failing proxies, child servers, Prometheus's tools, the token parser's oracle.
+//! It is not for production code: only tests and the fuzz target depend on it.
+//!
+//! In detail: the loud skip, free ports,
 //! throwaway servers (Redis, etcd, ZooKeeper) on ephemeral loopback ports, a
 //! throwaway database on the shared PostgreSQL and a PostgreSQL server of the
 //! test's own (`TestDb`, `OwnPg`: feature `postgres`), TCP proxies that can stop

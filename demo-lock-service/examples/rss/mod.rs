@@ -1,4 +1,4 @@
-//! The soak examples' memory figure, written once: this one's and demo-resource's
+//! The soak examples' memory figure, written once: this one's and fencing-benches'
 //! soak, which includes this file by path.
 
 /// Resident set size of this process, in KiB (`VmRSS` in `/proc/self/status`:

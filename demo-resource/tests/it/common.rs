@@ -1,26 +1,10 @@
-//! What the tests share: a client that never takes a proxy, an answer read
-//! whole with the problem+json check every error answer gets, the binary run
-//! to completion, and the lease scenario run within a bound.
+//! What the tests share: a client that never takes a proxy, and an answer read
+//! whole with the problem+json check every error answer gets.
 
-use std::process::Command;
 use std::time::Duration;
 
-use demo_resource::Failure;
-use demo_resource::scenario::Report;
 use reqwest::Client;
 use serde_json::Value;
-
-/// The report of a run of the lease scenario; fails the test unless the run
-/// gets to the end within `bound`.
-pub(crate) async fn scenario_within(
-    bound: Duration,
-    run: impl Future<Output = Result<Report, Failure>>,
-) -> Report {
-    tokio::time::timeout(bound, run)
-        .await
-        .unwrap_or_else(|_| panic!("the scenario did not finish within {bound:?}"))
-        .expect("the scenario runs")
-}
 
 /// A client for 127.0.0.1: no proxy from the environment, a 20 s bound on each request.
 pub(crate) fn client() -> Client {
@@ -58,14 +42,4 @@ impl Answer {
         assert!(ty.ends_with(&format!(":{kind}")), "expected type {kind}: {self:?}");
         assert!(self.body["detail"].as_str().is_some_and(|d| !d.is_empty()), "{self:?}");
     }
-}
-
-/// Runs `command` (the `demo-resource` binary) to completion with `RUST_LOG=warn`;
-/// asserts that it succeeded, showing its output if not, and returns its stdout.
-pub(crate) fn stdout_of_success(command: &mut Command) -> String {
-    let output = command.env("RUST_LOG", "warn").output().expect("demo-resource runs");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{:?}\n{stdout}\n{stderr}", output.status);
-    stdout
 }

@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::ledger::{Charge, ChargeParams, Claim, Ledger, Saved};
 use super::{MAX_AMOUNT, MAX_CHARGE_BODY_BYTES, MAX_KEY_CHARS, REPLAYED_HEADER};
-use crate::http::{Problem, parse_delay, problem_fallbacks, read_limited, require_json};
+use demo_resource::problem::{Problem, parse_delay, problem_fallbacks, read_limited, require_json};
 
 type Answer = Result<Response, Problem>;
 

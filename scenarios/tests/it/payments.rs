@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use axum::body::Body;
 use demo_resource::Served;
-use demo_resource::payments::{Provider, ProviderConfig, RunningProvider};
 use proptest::prelude::*;
 use reqwest::StatusCode;
+use scenarios::payments::{Provider, ProviderConfig, RunningProvider};
 use serde_json::{Value, json};
 use tower::ServiceExt;
 

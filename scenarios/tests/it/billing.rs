@@ -8,11 +8,9 @@
 use std::process::Command;
 use std::time::Duration;
 
-use demo_resource::billing::{
-    self, Options, PausePoint, Protection, Report, Scenario, Step, Stopped, predict,
-};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use scenarios::billing::{self, Options, PausePoint, Protection, Report, Scenario, Step, Stopped, predict};
 use test_support::{Redis, skip};
 
 use crate::common::stdout_of_success;
@@ -175,8 +173,8 @@ async fn the_binary_prints_the_rounds_and_exits_zero() {
     let timeline = dir.path().join("billing.svg");
     let stdout = tokio::task::spawn_blocking(move || {
         stdout_of_success(
-            Command::new(env!("CARGO_BIN_EXE_demo-resource"))
-                .args(["scenario", "billing", "--redis-url", &options.redis_url, "--ttl-ms", "150"])
+            Command::new(env!("CARGO_BIN_EXE_scenarios"))
+                .args(["billing", "--redis-url", &options.redis_url, "--ttl-ms", "150"])
                 .args(["--customers", "4", "--timeline"])
                 .arg(&timeline),
         )

@@ -1,6 +1,6 @@
-//! [`Failure`]: the demo's one error that is only a message (why a scenario
-//! could not be run to the end, why the marks could not be opened), and how
-//! the scenarios make one: a step's context, and a bound on every step.
+//! [`Failure`]: the stories' one error, only a message (why a scenario could
+//! not be run to the end), and how the scenarios make one: a step's context,
+//! and a bound on every step.
 
 use std::fmt;
 use std::future::Future;

@@ -3,7 +3,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use demo_resource::scenario::{self, A_IN_FLIGHT_WRITE, A_WRITE, B_WRITE};
+use scenarios::scenario::{self, A_IN_FLIGHT_WRITE, A_WRITE, B_WRITE};
 
 use crate::common::{scenario_within, stdout_of_success};
 use crate::svg_check;
@@ -115,16 +115,15 @@ async fn the_timeline_shows_the_three_rounds() {
 fn the_binary_prints_the_scenario_and_exits_zero() {
     let dir = tempfile::tempdir().unwrap();
     let timeline = dir.path().join("timeline.svg");
-    let stdout = stdout_of_success(
-        Command::new(env!("CARGO_BIN_EXE_demo-resource")).arg("scenario").arg("--timeline").arg(&timeline),
-    );
+    let stdout =
+        stdout_of_success(Command::new(env!("CARGO_BIN_EXE_scenarios")).arg("--timeline").arg(&timeline));
     let lines = assert_prints_the_three_outcomes(&stdout);
     assert_eq!(lines[5], format!("timeline: {}", timeline.display()));
     let svg = std::fs::read_to_string(&timeline).expect("the timeline was written");
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"), "{svg}");
 }
 
-/// Asserts the scenario's printout (`demo-resource scenario`, whatever the token
+/// Asserts the scenario's printout (`scenarios`, whatever the token
 /// source) shows the three expected outcomes in its first five lines; all its lines.
 pub(crate) fn assert_prints_the_three_outcomes(stdout: &str) -> Vec<&str> {
     let lines: Vec<&str> = stdout.lines().collect();

@@ -7,9 +7,9 @@
 use std::process::Command;
 use std::time::Duration;
 
-use demo_resource::scenario::{self, A_IN_FLIGHT_WRITE, A_WRITE, B_WRITE, TokenSource};
 use fencing_client::EtcdLockClient;
 use fencing_client::drivers::etcd_client::GetOptions;
+use scenarios::scenario::{self, A_IN_FLIGHT_WRITE, A_WRITE, B_WRITE, TokenSource};
 use test_support::Etcd;
 
 use crate::common::{scenario_within, stdout_of_success};
@@ -55,8 +55,7 @@ async fn the_binary_runs_the_scenario_against_etcd() {
     let Some(etcd) = Etcd::start().await else { return };
     let endpoint = etcd.endpoint.clone();
     let stdout = tokio::task::spawn_blocking(move || {
-        stdout_of_success(Command::new(env!("CARGO_BIN_EXE_demo-resource")).args([
-            "scenario",
+        stdout_of_success(Command::new(env!("CARGO_BIN_EXE_scenarios")).args([
             "--lock-backend",
             "etcd",
             "--etcd-endpoints",
@@ -72,10 +71,10 @@ async fn the_binary_runs_the_scenario_against_etcd() {
 #[test]
 fn an_unreachable_etcd_fails_the_scenario_with_a_clear_error() {
     let endpoint = format!("http://127.0.0.1:{}", test_support::free_port());
-    let output = Command::new(env!("CARGO_BIN_EXE_demo-resource"))
-        .args(["scenario", "--lock-backend", "etcd", "--etcd-endpoints", &endpoint])
+    let output = Command::new(env!("CARGO_BIN_EXE_scenarios"))
+        .args(["--lock-backend", "etcd", "--etcd-endpoints", &endpoint])
         .output()
-        .expect("demo-resource runs");
+        .expect("scenarios runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
     assert!(output.stdout.is_empty(), "no outcomes are printed");

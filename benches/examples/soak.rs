@@ -5,15 +5,15 @@
 //! seen, fails on a crash, on any 5xx other than the designed 503, on any
 //! status outside the contract, and on RSS growth once the key table is full.
 //!
-//! The app is this file's own (`demo-resource` does not expose the key limit):
+//! The app is this file's own, shaped like demo-resource's log route (which does not expose the key limit):
 //! `POST /logs/{name}` fenced by `FencingLayer` over
 //! `MarkStore::builder().max_keys(SOAK_MAX_KEYS)`, the handler reading at most
 //! 64 KiB of body (413 past it) and remembering the last token per key.
 //!
 //! ```text
 //! ulimit -n 65536   # two descriptors per connection (client and server side)
-//! cargo run --release -p demo-resource --example soak
-//! SOAK_CONNECTIONS=1000 SOAK_SECS=60 SOAK_MAX_KEYS=2000 SOAK_KEYS=5000 cargo run --release -p demo-resource --example soak
+//! cargo run --release -p fencing-benches --example soak
+//! SOAK_CONNECTIONS=1000 SOAK_SECS=60 SOAK_MAX_KEYS=2000 SOAK_KEYS=5000 cargo run --release -p fencing-benches --example soak
 //! ```
 //!
 //! RSS is this process's (server and clients together), from `/proc/self/status`.

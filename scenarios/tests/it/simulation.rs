@@ -701,7 +701,7 @@ fn fenced_histories_pass_the_checker() {
     );
     assert!(
         failed.is_empty(),
-        "the checker failed on seeds {failed:?}; replay one with FENCING_SIM_SEED={} cargo test -p demo-resource --all-features --test it simulation::fenced -- --nocapture",
+        "the checker failed on seeds {failed:?}; replay one with FENCING_SIM_SEED={} cargo test -p scenarios --all-features --test it simulation::fenced -- --nocapture",
         failed[0]
     );
     // The faults the checker is meant to survive did happen.

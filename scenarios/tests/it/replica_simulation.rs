@@ -32,7 +32,7 @@
 //! replica does not stop its requests when a claim's renewals stop) or
 //! `FENCING_MUTANT=session-claims` (a claim is freed when its replica's
 //! session ends) must make the shared-marks test fail:
-//! `demo-resource/claims-sim-mutants.sh` runs both.
+//! `scenarios/claims-sim-mutants.sh` runs both.
 //!
 //! The schedule (keys, pauses, routing, delays) is a function of the seed; the
 //! interleaving is the machine's, since the servers and the database run in

@@ -12,11 +12,11 @@
 //!
 //! The run records what happened when ([`Report::history`]);
 //! [`Report::timeline`] draws the three rounds on one time axis
-//! (`demo-resource scenario --timeline FILE.svg`).
+//! (`scenarios --timeline FILE.svg`).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), demo_resource::Failure> {
-//! let report = demo_resource::scenario::run().await?;
+//! # async fn demo() -> Result<(), scenarios::Failure> {
+//! let report = scenarios::scenario::run().await?;
 //! print!("{report}");
 //! assert!(report.problems().is_empty());
 //! # Ok(()) }
@@ -45,7 +45,7 @@ use fencing_client::{
 use serde_json::Value;
 
 use crate::failure::{Failure, STEP_BOUND, bounded, fail};
-use crate::{Config, Entry, MAX_DELAY_MS, Resource, RunningResource, Served};
+use demo_resource::{Config, Entry, MAX_DELAY_MS, Resource, RunningResource, Served};
 use record::Recorder;
 pub use record::{Happening, Holder, Recorded, Round};
 
@@ -400,8 +400,8 @@ pub async fn run_with(source: TokenSource) -> Result<Report, Failure> {
 #[cfg(not(all(feature = "etcd", feature = "postgres", feature = "redis", feature = "zookeeper")))]
 fn not_built(feature: &str) -> Failure {
     Failure(format!(
-        "this lock backend needs demo-resource built with feature `{feature}` \
-         (cargo build -p demo-resource --features {feature})"
+        "this lock backend needs scenarios built with feature `{feature}` \
+         (cargo build -p scenarios --features {feature})"
     ))
 }
 

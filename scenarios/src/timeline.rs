@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use demo_resource::timeline::{BarKind, Timeline, Tone};
+//! use scenarios::timeline::{BarKind, Timeline, Tone};
 //!
 //! let ms = Duration::from_millis;
 //! let mut timeline = Timeline::new("two writes");
@@ -220,6 +220,6 @@ impl Timeline {
 
     /// The picture, as a standalone SVG document (fonts: the generic families).
     pub fn to_svg(&self) -> String {
-        svg::render(self, &layout::Layout::of(self))
+        svg::render(self, &layout::Layout::of(self, svg::legend_width(self)))
     }
 }

@@ -1,7 +1,7 @@
 //! A payment-provider stand-in: charges customers, counts the charges, and
 //! deduplicates requests by their `Idempotency-Key` the way Stripe documents
 //! it. Like a real provider it cannot check fencing tokens: a `Fencing-Token`
-//! header is ignored. `demo-resource payments` serves it; the billing scenario
+//! header is ignored. `cargo run -p scenarios -- payments` serves it; the billing scenario
 //! (`billing`, feature `billing`) runs it in-process.
 //!
 //! | route | success | errors |
@@ -43,7 +43,7 @@ mod routes;
 
 use std::time::Duration;
 
-use crate::{Running, Served};
+use demo_resource::{Running, Served};
 
 pub use ledger::{Charge, ChargeParams};
 

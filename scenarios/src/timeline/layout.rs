@@ -100,7 +100,9 @@ impl Rows {
 }
 
 impl Layout {
-    pub(super) fn of(timeline: &Timeline) -> Self {
+    /// Where everything of `timeline` goes; the picture is at least as wide as
+    /// its legend, `legend_right` (the renderer's to measure, as it draws it).
+    pub(super) fn of(timeline: &Timeline, legend_right: f64) -> Self {
         let (instants, breaks) = place_instants(timeline);
         let x_of = |at: Duration| {
             let index = instants.partition_point(|&(t, _)| t < at);
@@ -200,7 +202,6 @@ impl Layout {
         let label_right = rows.iter().flat_map(|r| r.0.iter().flatten()).map(|&(_, r)| r);
         let title_right = LEFT + text_width(&timeline.title);
         let caption_right = timeline.captions.iter().map(|c| 16.0 + text_width(c));
-        let legend_right = super::svg::legend_width(timeline);
         let widest = last_x.max(title_right).max(legend_right);
         let width = label_right.chain(caption_right).fold(widest, f64::max) + RIGHT;
         let height = axis_y + AXIS + LEGEND;
@@ -293,7 +294,13 @@ mod tests {
     use std::time::Duration;
 
     use super::{Layout, text_width};
+    use crate::timeline::svg::legend_width;
     use crate::timeline::{BarKind, Scale, Timeline, Tone};
+
+    /// The layout as the renderer makes it.
+    fn of(timeline: &Timeline) -> Layout {
+        Layout::of(timeline, legend_width(timeline))
+    }
 
     /// A lease, then writes `offsets_us` microseconds after it, each with a long label.
     fn burst(offsets_us: &[u64]) -> Timeline {
@@ -310,7 +317,7 @@ mod tests {
     #[test]
     fn crowded_instants_keep_the_least_gap_and_a_long_one_is_shortened() {
         let timeline = burst(&[0, 1_000, 2_000, 2_000_000]);
-        let layout = Layout::of(&timeline);
+        let layout = of(&timeline);
         let xs: Vec<f64> = layout.ticks().collect();
         let gaps: Vec<f64> = xs.windows(2).map(|pair| pair[1] - pair[0]).collect();
         let scale = Scale::default();
@@ -323,8 +330,8 @@ mod tests {
 
     #[test]
     fn jitter_within_a_burst_does_not_move_anything() {
-        let steady = Layout::of(&burst(&[0, 1_000, 2_000, 3_000]));
-        let jittery = Layout::of(&burst(&[0, 1_400, 2_100, 3_900]));
+        let steady = of(&burst(&[0, 1_000, 2_000, 3_000]));
+        let jittery = of(&burst(&[0, 1_400, 2_100, 3_900]));
         assert_eq!(steady.ticks().collect::<Vec<_>>(), jittery.ticks().collect::<Vec<_>>());
         assert_eq!(steady.point_labels, jittery.point_labels);
         assert_eq!((steady.width, steady.height), (jittery.width, jittery.height));
@@ -333,7 +340,7 @@ mod tests {
     #[test]
     fn labels_in_one_row_never_overlap() {
         let timeline = burst(&(0..40).map(|i| i * 10).collect::<Vec<_>>());
-        let layout = Layout::of(&timeline);
+        let layout = of(&timeline);
         let extents: Vec<(f64, f64, f64)> = timeline
             .points
             .iter()

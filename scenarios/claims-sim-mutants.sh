@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Shows that the replica simulation with shared marks (tests/replica_simulation.rs,
+# Shows that the replica simulation with shared marks (tests/it/replica_simulation.rs,
 # `replicas_with_shared_marks_pass_the_checker_through_lost_sessions`) catches each
 # mutant of the claims protocol, and passes without one. The mutants are compiled in
-# only with the `mutants` feature (fencing-layer, fencing-postgres, demo-resource:
+# only with the `mutants` feature (fencing-layer, fencing-postgres, scenarios:
 # tests only) and switched on by FENCING_MUTANT, read once per process:
 #
 #   no-deadline-revoke  fencing-layer/src/claims/keeper.rs: a claim whose renewals
@@ -11,9 +11,9 @@
 #                       when its background session ends (a grant deletes the claims
 #                       of replicas whose last renewing session is gone)
 #
-#   demo-resource/claims-sim-mutants.sh              # the control run and both mutants
-#   demo-resource/claims-sim-mutants.sh session      # mutants whose name contains "session"
-#   FENCING_REPLICA_SIM_SEEDS=10 demo-resource/claims-sim-mutants.sh
+#   scenarios/claims-sim-mutants.sh              # the control run and both mutants
+#   scenarios/claims-sim-mutants.sh session      # mutants whose name contains "session"
+#   FENCING_REPLICA_SIM_SEEDS=10 scenarios/claims-sim-mutants.sh
 #
 # Fails unless the control run passes and every mutant makes the test fail with
 # checker violations (not with some other error). Needs PostgreSQL on 127.0.0.1:5432.
@@ -23,7 +23,7 @@ cd "$(dirname "$0")"
 export FENCING_REPLICA_SIM_SEEDS="${FENCING_REPLICA_SIM_SEEDS:-6}"
 test_name=replicas_with_shared_marks_pass_the_checker_through_lost_sessions
 run() {
-  cargo test -p demo-resource --features mutants --test it "replica_simulation::$test_name" -- --nocapture
+  cargo test -p scenarios --features mutants --test it "replica_simulation::$test_name" -- --nocapture
 }
 
 mutants=(no-deadline-revoke session-claims)

@@ -26,11 +26,11 @@
 //!    late call with B's charge.
 //!
 //! [`predict`] is what each round must end with; [`Report::problems`] lists
-//! every difference, and `demo-resource scenario billing` exits non-zero on any.
+//! every difference, and `scenarios billing` exits non-zero on any.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), demo_resource::Failure> {
-//! let report = demo_resource::billing::run(&demo_resource::billing::Options::default()).await?;
+//! # async fn demo() -> Result<(), scenarios::Failure> {
+//! let report = scenarios::billing::run(&scenarios::billing::Options::default()).await?;
 //! print!("{report}");
 //! assert!(report.problems().is_empty());
 //! # Ok(()) }
@@ -56,10 +56,10 @@ use job::{Job, Pause};
 use record::{Record, TempDb};
 pub use report::{Attempt, Instance, Prediction, Report, Round, Stopped, predict};
 
-use crate::Served;
 use crate::failure::{Failure, STEP_BOUND, bounded, fail};
 use crate::payments::Provider;
 use crate::scenario::Holder;
+use demo_resource::Served;
 
 /// The lock's name: its key is `{prefix}lock:{billing}`.
 const LOCK: &str = "billing";

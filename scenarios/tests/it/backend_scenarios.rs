@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use demo_resource::scenario::{self, A_WRITE, B_WRITE, Report, TokenSource};
+use scenarios::scenario::{self, A_WRITE, B_WRITE, Report, TokenSource};
 use test_support::{Redis, TestDb, ZooKeeper};
 
 use crate::common::scenario_within;

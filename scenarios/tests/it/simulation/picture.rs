@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use demo_resource::timeline::{BarKind, Scale, Timeline, Tone};
+use scenarios::timeline::{BarKind, Scale, Timeline, Tone};
 
 use super::{CLIENT_TIMEOUT, CLIENTS, SeedResult, Violation, stale_write_applied};
 

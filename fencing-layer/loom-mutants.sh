@@ -68,13 +68,17 @@ mutants=(
   'release-not-once|claims/cell.rs|s/\Q!self.releasing.swap(true, SeqCst)\E/{ self.releasing.store(true, SeqCst); true }/'
 )
 
-echo "== the unbroken rules pass =="
-if ! cargo test -q -p fencing-layer --lib --profile loom -- loom_model >"$log" 2>&1; then
-  cat "$log" >&2
-  echo "the models fail on the unbroken code: no mutant can be judged" >&2
-  exit 2
+# LOOM_MUTANTS_CONTROL_DONE=1: the caller has just run the unbroken models (at least as
+# many preemptions), as .ci/run does in the step before this script.
+if [[ "${LOOM_MUTANTS_CONTROL_DONE:-}" != 1 ]]; then
+  echo "== the unbroken rules pass =="
+  if ! cargo test -q -p fencing-layer --lib --profile loom -- loom_model >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "the models fail on the unbroken code: no mutant can be judged" >&2
+    exit 2
+  fi
+  grep -E '^test result' "$log"
 fi
-grep -E '^test result' "$log"
 
 caught=0 missed=()
 for mutant in "${mutants[@]}"; do

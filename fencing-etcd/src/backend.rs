@@ -1,0 +1,183 @@
+//! `EtcdClaims`: the claim backend on etcd (the protocol and its proof are in
+//! [`fencing_layer::claims`]; this file is only how etcd keeps each step).
+//!
+//! - **Claim**, in two round trips. First, at once: a keepalive of the
+//!   replica's lease ([`ReplicaLease::fresh`]), and one Txn that raises the
+//!   mark if it is lower (creating it if there is none) and reads the mark and
+//!   every claim on the key. A mark above the token is a 409; a claim below it
+//!   is a wait. Else a second Txn puts the claim on the lease **if the mark's
+//!   mod revision is still the one read**.
+//! - **Why no lower claim can slip in** between the read and the put: a claim
+//!   on token `s` is only ever put by a Txn comparing the mark's mod revision
+//!   with a read that found the mark at `s`. The mark only rises, so once it
+//!   was written at `t > s` (at revision `R`), no such Txn succeeds; every
+//!   claim below `t` was put before `R`, and the read (at or after `R`, since
+//!   it saw `t`) saw each one still there. A claim deleted after the read only
+//!   makes the wait longer.
+//! - **Renewal against grant**: a grant judges a lower claim expired only when
+//!   its key is gone, and etcd deletes a lease's keys in the same step that
+//!   ends the lease, which no keepalive then brings back.
+//! - **Release**: read the claim, then delete it if its mod revision is
+//!   unchanged and it is still this grant's (a late release never deletes a
+//!   newer grant's claim).
+//! - **Announcements**: none are sent; the session's Watch sees every mark
+//!   written (a raise) and every claim deleted, by a release or by its lease
+//!   ending (a release).
+
+use std::sync::Arc;
+
+use etcd_client::{
+    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
+use fencing_layer::claims::{BoxFuture, ClaimBackend, ClaimReply, ClaimRequest, ClaimSession};
+use fencing_layer::store::StoreError;
+
+use crate::error::{ToStore, is_lease_gone};
+use crate::layout::{Layout, claim_value, encode_claim, padded, token};
+use crate::lease::ReplicaLease;
+use crate::session;
+
+/// How many times a claim starts over when the mark moved between its read
+/// and its put, or its lease ended, before it says "wait".
+const ATTEMPTS: usize = 3;
+
+/// The claim backend: marks and claims under `layout`'s prefix, claims on `lease`.
+#[derive(Clone)]
+pub(crate) struct EtcdClaims {
+    pub(crate) client: Client,
+    pub(crate) layout: Arc<Layout>,
+    pub(crate) lease: Arc<ReplicaLease>,
+}
+
+/// What the first round trip found.
+struct Read {
+    raised: bool,
+    mark: u64,
+    mark_revision: i64,
+    /// Tokens of the claims below the mark, any replica's.
+    lower: usize,
+}
+
+impl EtcdClaims {
+    async fn claim(
+        self,
+        replica: String,
+        key: String,
+        token: u64,
+        grant: u64,
+    ) -> Result<ClaimReply, StoreError> {
+        let mut raised = false;
+        for _ in 0..ATTEMPTS {
+            let (lease, read) = tokio::join!(self.lease.fresh(), self.raise_and_read(&key, token));
+            let read = read?;
+            raised |= read.raised;
+            if read.mark > token {
+                return Ok(ClaimReply::Stale { mark: read.mark });
+            }
+            if read.lower > 0 {
+                return Ok(ClaimReply::Wait { raised, soonest: None });
+            }
+            let lease = lease?;
+            let put = Txn::new()
+                .when([Compare::mod_revision(self.layout.mark(&key), CompareOp::Equal, read.mark_revision)])
+                .and_then([TxnOp::put(
+                    self.layout.claim(&key, &replica),
+                    encode_claim(token, grant),
+                    Some(PutOptions::new().with_lease(lease)),
+                )]);
+            match self.client.clone().txn(put).await {
+                Ok(put) if put.succeeded() => return Ok(ClaimReply::Granted { raised }),
+                // The mark moved: read again (a higher mark makes it a 409).
+                Ok(_) => {}
+                // The lease ended between its keepalive and the put: a new one next time.
+                Err(error) if is_lease_gone(&error) => {}
+                Err(error) => return Err(error.to_store()),
+            }
+        }
+        Ok(ClaimReply::Wait { raised, soonest: None })
+    }
+
+    /// One Txn: create the mark at `token` if there is none, else raise it if
+    /// lower; then read it and every claim on the key.
+    async fn raise_and_read(&self, key: &str, token: u64) -> Result<Read, StoreError> {
+        let mark = self.layout.mark(key);
+        let reads = || {
+            [
+                TxnOp::get(mark.as_str(), None),
+                TxnOp::get(self.layout.claims_of(key), Some(GetOptions::new().with_prefix())),
+            ]
+        };
+        let raise = Txn::new()
+            .when([Compare::value(mark.as_str(), CompareOp::Less, padded(token))])
+            .and_then([TxnOp::put(mark.as_str(), padded(token), None)]);
+        let create = TxnOp::put(mark.as_str(), padded(token), None);
+        let txn = Txn::new()
+            .when([Compare::create_revision(mark.as_str(), CompareOp::Equal, 0)])
+            .and_then([vec![create], reads().to_vec()].concat())
+            .or_else([vec![TxnOp::txn(raise)], reads().to_vec()].concat());
+        let reply = self.client.clone().txn(txn).await.map_err(ToStore::to_store)?;
+        read(&reply, token)
+    }
+
+    async fn release(self, replica: String, key: String, grant: u64) -> Result<(), StoreError> {
+        let claim = self.layout.claim(&key, &replica);
+        let mut client = self.client.clone();
+        let found = client.get(claim.as_str(), None).await.map_err(ToStore::to_store)?;
+        let Some(kv) = found.kvs().first() else { return Ok(()) };
+        if claim_value(kv.value()).is_none_or(|value| value.grant != grant) {
+            return Ok(());
+        }
+        let delete = Txn::new()
+            .when([Compare::mod_revision(claim.as_str(), CompareOp::Equal, kv.mod_revision())])
+            .and_then([TxnOp::delete(claim.as_str(), None)]);
+        client.txn(delete).await.map(drop).map_err(ToStore::to_store)
+    }
+}
+
+/// The mark and the claims below it, from the first Txn's answer.
+fn read(reply: &TxnResponse, token: u64) -> Result<Read, StoreError> {
+    let responses = reply.op_responses();
+    let raised = reply.succeeded()
+        || responses
+            .iter()
+            .any(|response| matches!(response, TxnOpResponse::Txn(raise) if raise.succeeded()));
+    let mut gets = responses.into_iter().filter_map(|response| match response {
+        TxnOpResponse::Get(get) => Some(get),
+        _ => None,
+    });
+    let (Some(mark), Some(claims)) = (gets.next(), gets.next()) else {
+        return Err(malformed("a claim's Txn answered without its reads"));
+    };
+    let Some(mark) = mark.kvs().first() else { return Err(malformed("the mark vanished during a claim")) };
+    let (mark, mark_revision) = (mark_of(mark)?, mark.mod_revision());
+    let lower =
+        claims.kvs().iter().filter(|kv| claim_value(kv.value()).is_none_or(|claim| claim.token < token));
+    Ok(Read { raised, mark, mark_revision, lower: lower.count() })
+}
+
+fn mark_of(kv: &KeyValue) -> Result<u64, StoreError> {
+    token(kv.value()).ok_or_else(|| malformed("a mark that is not a token"))
+}
+
+fn malformed(what: &str) -> StoreError {
+    StoreError::log(std::io::Error::other(what.to_owned()))
+}
+
+impl ClaimBackend for EtcdClaims {
+    fn claim(&self, request: ClaimRequest<'_>) -> BoxFuture<'static, Result<ClaimReply, StoreError>> {
+        let ClaimRequest { replica, key, token, grant, term } = request;
+        if !self.lease.covers(term) {
+            let why = format!("a claim's term of {term:?} is longer than the replica's etcd lease");
+            return Box::pin(std::future::ready(Err(malformed(&why))));
+        }
+        Box::pin(self.clone().claim(replica.to_owned(), key.to_owned(), token, grant))
+    }
+
+    fn release(&self, replica: &str, key: &str, grant: u64) -> BoxFuture<'static, Result<(), StoreError>> {
+        Box::pin(self.clone().release(replica.to_owned(), key.to_owned(), grant))
+    }
+
+    fn open_session(&self) -> BoxFuture<'static, Result<ClaimSession, StoreError>> {
+        Box::pin(session::open(self.clone()))
+    }
+}

@@ -1,0 +1,214 @@
+//! fencing-etcd: the fencing layer's marks in etcd, shared by every replica
+//! ([`EtcdSharedStore`]), for teams whose locks already live in etcd.
+//!
+//! It is a [`ClaimStore`] over etcd: each replica holds a claim on a key's
+//! current token, an etcd key on the replica's one lease, and admits every
+//! request with that token in memory. [`fencing_layer::claims`] states the
+//! protocol and why a higher token never runs beside a lower one; this crate
+//! maps each step onto etcd's own primitives:
+//!
+//! | claims | etcd |
+//! |---|---|
+//! | a claim's term | the replica's lease, TTL = the term rounded up to whole seconds |
+//! | renewal | one keepalive of that lease (every claim of the replica at once), then a read |
+//! | a raise | a Txn that writes the mark only if it is lower |
+//! | a grant | a Txn that puts the claim only if the mark's revision is the one read |
+//! | raise and release notifications | a Watch on the prefix (hints: the replica reads what it acts on) |
+//! | expired claims swept | nothing: etcd deletes a lease's keys when it ends |
+//!
+//! ```no_run
+//! use fencing_etcd::EtcdSharedStore;
+//! use fencing_layer::FencingLayer;
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let marks = EtcdSharedStore::connect(["http://127.0.0.1:2379"], "fencing/docs/").await?;
+//! marks.ready().await?; // the replica's watch is open: an unreachable etcd is an error now, not 503s later
+//! let layer = FencingLayer::new().shared_store(marks);
+//! # let _ = layer;
+//! # Ok(()) }
+//! ```
+//!
+//! # The timing assumption
+//!
+//! A claim lasts as long as the replica's lease. etcd measures a lease on its
+//! leader's monotonic clock from the last keepalive the leader processed; a
+//! new leader gives every lease its whole TTL again (longer, never shorter).
+//! The replica stops a claim's requests `term − margin` after it *sent* the
+//! grant or renewal that extended it, and every grant and renewal sends a
+//! keepalive of its own after taking that time. So, as with PostgreSQL: the
+//! replica's clock and etcd's leader's must run at the same rate within the
+//! margin over a term, and `renew_every + renew_timeout < term − margin`
+//! ([`ClaimTiming::check`]).
+//!
+//! # What etcd adds, and what happens then
+//!
+//! - **A leader change**: requests fail until a leader is elected (grants
+//!   answer 503, a renewal that fails ends the session and the keeper opens
+//!   another); leases get their whole TTL again, so raises wait longer, never
+//!   shorter. A replica whose renewals fail past `term − margin` stops its
+//!   requests, as on any backend outage.
+//! - **A compacted revision under a watch**: etcd cancels the watch; the
+//!   session ends, the keeper opens another, every waiting raise looks again,
+//!   and the next renewal reads every claimed key's mark. Notifications are
+//!   hints only, so a missed one delays a release by at most a renewal period.
+//! - **A lease revoked by the cluster** before its TTL: only an operator does
+//!   that (`etcdctl lease revoke`, or deleting claim keys). Like deleting claim
+//!   rows in PostgreSQL, it frees claims while their requests may be inside:
+//!   the replica stops them at its next renewal, up to `renew_every` later. Give
+//!   no one but the replicas write access to the prefix.
+//! - **A member cut off from the others**: every read here is linearizable
+//!   (etcd-client's default), and [`connect_options`] asks for
+//!   `require_leader`, so a member without a leader answers nothing and ends
+//!   its watches: never a stale read. The replica renews through another
+//!   endpoint or stops its requests in time.
+//!
+//! Marks stay in etcd (a holder of a lower token may write as long as it
+//! lives); a replica that dies leaves its claims until its lease ends.
+
+#![deny(missing_docs, unsafe_code, unreachable_pub)]
+
+mod backend;
+mod error;
+mod layout;
+mod lease;
+mod session;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use etcd_client;
+use etcd_client::{Client, ConnectOptions};
+pub use fencing_layer::claims::{ClaimStore, ClaimTiming, ClaimTimingError};
+use fencing_layer::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError};
+
+use crate::backend::EtcdClaims;
+use crate::layout::{Layout, MAX_KEY_BYTES};
+use crate::lease::ReplicaLease;
+
+/// The layer's marks in etcd: give it to
+/// [`FencingLayer::shared_store`](fencing_layer::FencingLayer::shared_store)
+/// on every replica, with the same etcd cluster and prefix.
+///
+/// Each replica holds one etcd lease for all its claims and one watch on the
+/// prefix; grants, raises and releases are one or two Txns each. See the
+/// [crate docs](crate) for the mapping and the failure modes.
+#[derive(Debug, Clone)]
+pub struct EtcdSharedStore {
+    claims: ClaimStore,
+    prefix: Arc<str>,
+}
+
+/// The client options the store expects: `require_leader` (a member cut off
+/// from its cluster refuses, rather than serves stale), HTTP/2 keepalives that
+/// notice a dead connection in 2 s, connecting bounded to 2 s and each request
+/// to 5 s (the keeper bounds renewals tighter). Add TLS or a user to them.
+#[must_use]
+pub fn connect_options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_require_leader(true)
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+        .with_keep_alive_while_idle(true)
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(5))
+}
+
+impl EtcdSharedStore {
+    /// Connects to `endpoints` with [`connect_options`] (lazily: an
+    /// unreachable etcd shows in [`ready`](Self::ready)), marks and claims
+    /// under `prefix`, with the [default claim timing](ClaimTiming::default).
+    ///
+    /// # Errors
+    ///
+    /// An endpoint that is not a URL.
+    pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
+        endpoints: S,
+        prefix: impl Into<String>,
+    ) -> Result<Self, etcd_client::Error> {
+        let client = Client::connect(endpoints, Some(connect_options())).await?;
+        Ok(Self::new(client, prefix))
+    }
+
+    /// Marks and claims under `prefix` (every replica must use the same), through
+    /// `client` (made with [`connect_options`], or options that keep `require_leader`),
+    /// with the [default claim timing](ClaimTiming::default).
+    #[must_use]
+    pub fn new(client: Client, prefix: impl Into<String>) -> Self {
+        Self::build(client, prefix.into(), ClaimTiming::default(), ClaimStore::new)
+    }
+
+    /// As [`new`](Self::new), with `timing`. etcd's leases last whole seconds:
+    /// the lease is the term rounded up (raises wait for a dead replica that long).
+    ///
+    /// # Errors
+    ///
+    /// A timing that cannot keep claims safely ([`ClaimTiming::check`]).
+    pub fn with_timing(
+        client: Client,
+        prefix: impl Into<String>,
+        timing: ClaimTiming,
+    ) -> Result<Self, ClaimTimingError> {
+        timing.check()?;
+        Ok(Self::build(client, prefix.into(), timing, |backend| {
+            ClaimStore::with_timing(backend, timing).expect("checked above")
+        }))
+    }
+
+    fn build(
+        client: Client,
+        prefix: String,
+        timing: ClaimTiming,
+        store: impl FnOnce(EtcdClaims) -> ClaimStore,
+    ) -> Self {
+        let lease = Arc::new(ReplicaLease::new(client.clone(), timing.term));
+        let backend = EtcdClaims { client, layout: Arc::new(Layout::new(prefix.clone())), lease };
+        Self { claims: store(backend), prefix: prefix.into() }
+    }
+
+    /// At most `limit` keys claimed by this replica at once ([`ClaimStore::max_keys`]).
+    #[must_use]
+    pub fn max_keys(mut self, limit: usize) -> Self {
+        self.claims = self.claims.max_keys(limit);
+        self
+    }
+
+    /// Opens the replica's watch and waits for it (see [`ClaimStore::ready`]):
+    /// call it at start-up, so that an etcd out of reach is an error then.
+    ///
+    /// # Errors
+    ///
+    /// The watch did not open within `renew_every + renew_timeout`.
+    pub async fn ready(&self) -> Result<(), StoreError> {
+        self.claims.ready().await
+    }
+
+    /// The claims this replica holds.
+    #[must_use]
+    pub fn claims(&self) -> &ClaimStore {
+        &self.claims
+    }
+
+    /// The prefix marks and claims live under.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+}
+
+impl SharedStore for EtcdSharedStore {
+    #[inline]
+    fn try_admit(&self, key: &str, token: u64) -> Option<Result<SharedPermit, SharedRefusal>> {
+        self.claims.try_admit(key, token)
+    }
+
+    fn admit(&self, key: &str, token: u64, drain: Duration) -> SharedAdmission {
+        if key.len() > MAX_KEY_BYTES {
+            return Box::pin(std::future::ready(Err(SharedRefusal::KeyTooLong { limit: MAX_KEY_BYTES })));
+        }
+        if key.contains('\0') {
+            return Box::pin(std::future::ready(Err(SharedRefusal::InvalidKey(
+                "the key contains a NUL character",
+            ))));
+        }
+        self.claims.admit(key, token, drain)
+    }
+}

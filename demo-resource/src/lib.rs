@@ -97,6 +97,7 @@ mod metrics;
 mod postgres;
 pub mod problem;
 mod ready;
+mod shared;
 mod store;
 
 use std::collections::BTreeMap;
@@ -122,6 +123,7 @@ pub use crate::limits::{MAX_BODY_BYTES, MAX_DELAY_MS, MAX_NAME_BYTES};
 pub use crate::marks::{OpenMarksError, ResetError, StoppedMarks};
 #[cfg(feature = "postgres")]
 use crate::postgres::PgData;
+use crate::shared::SharedMarks;
 use crate::store::Data;
 /// Installs the process's Prometheus recorder (the same as the lock service's); pass its handle to
 /// [`Resource::with_metrics`].
@@ -133,6 +135,12 @@ pub use demo_lock_service::{Running, Served};
 #[cfg(not(feature = "postgres"))]
 const POSTGRES_NOT_BUILT: &str = "PostgreSQL storage needs demo-resource built with feature `postgres` \
      (cargo build -p demo-resource --features postgres)";
+
+/// What [`Resource::connect`] answers for [`Config::etcd_marks`] in a build
+/// without feature `etcd`.
+#[cfg(not(feature = "etcd"))]
+const ETCD_NOT_BUILT: &str = "marks in etcd need demo-resource built with feature `etcd` \
+     (cargo build -p demo-resource --features etcd)";
 
 /// Where a [`Resource`] keeps its data and marks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -173,7 +181,7 @@ pub struct Config {
     /// Raises need the lock service's proof, signed by this key's secret half
     /// (`--verify-key`); see [`proof_verifier`]. Needs `fencing`.
     pub verify_key: Option<ProofPublicKey>,
-    /// The claims' timing with [`Storage::Postgres`] `{ shared_marks: true }`
+    /// The claims' timing with [`Storage::Postgres`] `{ shared_marks: true }` or [`Config::etcd_marks`]
     /// (term, renewal period, margin); `None` is fencing-layer's default (a
     /// 5 s term). Ignored by the other storages. Shorter terms make a dead or
     /// cut-off replica hold up raises for less time, at the cost of more
@@ -191,6 +199,20 @@ pub struct Config {
     /// can come back lower (`fencing_postgres::durability`,
     /// `--accept-volatile-commits`).
     pub accept_volatile_commits: bool,
+    /// The layer decides through marks every replica shares in etcd
+    /// (`fencing_etcd::EtcdSharedStore`, `--etcd`), whatever holds the data;
+    /// with [`Storage::Postgres`], its writes are then not fenced in their
+    /// transactions (a key is fenced one way). Needs feature `etcd`.
+    pub etcd_marks: Option<EtcdMarks>,
+}
+
+/// Where the replicas' shared marks live in etcd ([`Config::etcd_marks`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdMarks {
+    /// The cluster's client URLs (`http://127.0.0.1:2379`, …).
+    pub endpoints: Vec<String>,
+    /// The key prefix marks and claims live under: the same on every replica.
+    pub prefix: String,
 }
 
 impl Config {
@@ -202,6 +224,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            etcd_marks: None,
             accept_volatile_commits: false,
         }
     }
@@ -214,6 +237,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            etcd_marks: None,
             accept_volatile_commits: false,
         }
     }
@@ -226,6 +250,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            etcd_marks: None,
             accept_volatile_commits: false,
         }
     }
@@ -311,9 +336,8 @@ impl std::error::Error for OpenError {}
 pub struct Resource {
     app: App,
     marks: Option<MarkStore>,
-    /// With `--shared-marks`: the layer decides through the replicas' shared marks.
-    #[cfg(feature = "postgres")]
-    shared: Option<fencing_postgres::PgSharedStore>,
+    /// With `--shared-marks` or `--etcd`: the layer decides through the replicas' shared marks.
+    shared: Option<SharedMarks>,
     verifier: Option<Verifier>,
     metrics: Option<PrometheusHandle>,
 }
@@ -363,6 +387,23 @@ impl Resource {
     /// cannot be reached within 5 s, or a failed migration; or this crate
     /// built without feature `postgres`.
     pub async fn connect(config: Config) -> Result<Self, OpenError> {
+        let etcd_marks = config.etcd_marks.clone().filter(|_| config.fencing);
+        let timing = config.claim_timing;
+        let resource = Self::connect_storage(config).await?;
+        let Some(marks) = etcd_marks else { return Ok(resource) };
+        #[cfg(not(feature = "etcd"))]
+        {
+            let _ = (marks, timing);
+            Err(OpenError(ETCD_NOT_BUILT.into()))
+        }
+        #[cfg(feature = "etcd")]
+        {
+            let shared = SharedMarks::etcd(&marks, timing).await.map_err(OpenError)?;
+            Ok(Self { shared: Some(shared), ..resource })
+        }
+    }
+
+    async fn connect_storage(config: Config) -> Result<Self, OpenError> {
         let Storage::Postgres { url, fence_in_transaction, shared_marks } = &config.storage else {
             let opened = tokio::task::spawn_blocking(move || Self::open(config)).await;
             return opened.map_err(|e| OpenError(e.to_string()))?;
@@ -385,7 +426,9 @@ impl Resource {
     ) -> Result<Self, OpenError> {
         let verifier = config.verifier()?;
         let shared_marks = config.fencing && shared_marks;
-        let fence_in_transaction = config.fencing && fence_in_transaction && !shared_marks;
+        // A key is fenced one way: by the shared marks (PostgreSQL's or etcd's), or in the transaction.
+        let fence_in_transaction =
+            config.fencing && fence_in_transaction && !shared_marks && config.etcd_marks.is_none();
         let data = PgData::connect(url, fence_in_transaction, config.accept_volatile_commits)
             .await
             .map_err(|e| OpenError(format!("postgres: {e}")))?;
@@ -397,7 +440,7 @@ impl Resource {
                     data.shared_store(session, timing).map_err(|e| OpenError(format!("postgres: {e}")))?;
                 // A replica whose claims could never be renewed refuses to start.
                 store.ready().await.map_err(|e| OpenError(format!("postgres: {e}")))?;
-                Some(store)
+                Some(SharedMarks::Postgres(store))
             }
             false => None,
         };
@@ -414,14 +457,7 @@ impl Resource {
             in_flight: Arc::new(watch::Sender::new(BTreeMap::new())),
             delays: Arc::new(watch::Sender::new(0)),
         };
-        Self {
-            app,
-            marks,
-            #[cfg(feature = "postgres")]
-            shared: None,
-            verifier,
-            metrics: None,
-        }
+        Self { app, marks, shared: None, verifier, metrics: None }
     }
 
     /// Asks `verifier` before any token raises a mark (403 when it refuses,
@@ -456,9 +492,8 @@ impl Resource {
             // no mark (tests/it/routes.rs: `unknown_routes_and_methods_never_touch_the_marks`).
             Some(marks) => {
                 let layer = FencingLayer::new().store(marks.clone()).metrics_label("demo-resource");
-                #[cfg(feature = "postgres")]
                 let layer = match &self.shared {
-                    Some(shared) => layer.shared_store(shared.clone()),
+                    Some(shared) => shared.on(layer),
                     None => layer,
                 };
                 let layer = match &self.verifier {

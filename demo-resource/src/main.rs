@@ -13,6 +13,10 @@
 //!   that every replica checks (and by the per-process layer in front). It
 //!   creates the tables at start-up if missing. `--local-marks` keeps only the
 //!   per-process layer, to show that it is not enough with several replicas.
+//! * `serve --etcd ENDPOINTS [--etcd-prefix P]` (built with `--features etcd`): the layer decides
+//!   through marks every replica shares in etcd (replica claims on one etcd lease per process),
+//!   whatever holds the data (`--in-memory`, `--data-dir`, or `--postgres` with its writes then not
+//!   fenced in their transactions). docs/replicas.md.
 //! * `serve --verify-key FILE`: a token may raise a path's mark only with the lock
 //!   service's `Fencing-Proof` for that path's lock (FILE: the public key, one line
 //!   of URL-safe base64); a raise without one is 403. Works with `--postgres` too
@@ -124,13 +128,22 @@ struct Serve {
     /// Refused without it: a mark raised there can come back lower.
     #[arg(long, requires = "postgres")]
     accept_volatile_commits: bool,
+    /// The layer decides through marks every replica shares in etcd (comma-separated client
+    /// URLs, e.g. http://127.0.0.1:2379): replica claims on one etcd lease per process. Give
+    /// every replica the same endpoints and --etcd-prefix. Needs demo-resource built with
+    /// `--features etcd`. See docs/replicas.md.
+    #[arg(long, value_name = "ENDPOINTS", value_delimiter = ',', conflicts_with_all = ["no_fencing", "shared_marks", "local_marks"])]
+    etcd: Vec<String>,
+    /// With --etcd: the key prefix the marks and claims live under.
+    #[arg(long, value_name = "PREFIX", default_value = "fencing/demo-resource/", requires = "etcd")]
+    etcd_prefix: String,
     /// The lock service's public key (one line of URL-safe base64): a token may raise a
     /// mark only with a valid `Fencing-Proof` for its path's lock, else 403.
     #[arg(long, value_name = "FILE", conflicts_with = "no_fencing")]
     verify_key: Option<PathBuf>,
     /// Serve the admin routes (list, read, reset marks) on this loopback address too.
     /// They have no authentication. Off by default.
-    #[arg(long, value_name = "ADDR", conflicts_with_all = ["no_fencing", "postgres"])]
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["no_fencing", "postgres", "etcd"])]
     admin_listen: Option<SocketAddr>,
 }
 
@@ -177,6 +190,9 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
     if args.postgres.is_some() && !cfg!(feature = "postgres") {
         return Err(not_built("serve --postgres", "postgres", "serve --postgres URL").into());
     }
+    if !args.etcd.is_empty() && !cfg!(feature = "etcd") {
+        return Err(not_built("serve --etcd", "etcd", "serve --etcd ENDPOINTS").into());
+    }
     let verify_key = match &args.verify_key {
         Some(path) => Some(ProofPublicKey::read(path)?),
         None => None,
@@ -192,12 +208,16 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            etcd_marks: None,
             accept_volatile_commits: args.accept_volatile_commits,
         },
         None if args.in_memory => Config::in_memory(),
         None => Config::durable(&args.data_dir),
     };
     let config = if args.no_fencing { config.without_fencing() } else { config };
+    let etcd_marks = (!args.etcd.is_empty())
+        .then(|| demo_resource::EtcdMarks { endpoints: args.etcd.clone(), prefix: args.etcd_prefix.clone() });
+    let config = Config { etcd_marks, ..config };
     let config = match verify_key {
         Some(key) => config.verify_key(key),
         None => config,
@@ -207,12 +227,16 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
         Storage::Dir(dir) => format!("{}", dir.display()),
         Storage::InMemory => "in memory".to_owned(),
         // `--no-fencing`: the same tables, nothing fenced.
-        Storage::Postgres { .. } if !config.fencing => "postgres".to_owned(),
+        Storage::Postgres { .. } if !config.fencing || config.etcd_marks.is_some() => "postgres".to_owned(),
         Storage::Postgres { shared_marks: true, .. } => "postgres, shared marks (replica claims)".to_owned(),
         Storage::Postgres { fence_in_transaction: true, .. } => {
             "postgres, fenced in each transaction".to_owned()
         }
         Storage::Postgres { fence_in_transaction: false, .. } => "postgres, local marks only".to_owned(),
+    };
+    let storage = match &config.etcd_marks {
+        Some(_) => format!("{storage}; marks shared through etcd (replica claims)"),
+        None => storage,
     };
     let resource =
         Resource::connect(config.clone()).await?.with_metrics(demo_resource::install_prometheus()?);

@@ -85,6 +85,13 @@ use crate::backend::EtcdClaims;
 use crate::layout::{Layout, MAX_KEY_BYTES};
 use crate::lease::ReplicaLease;
 
+/// The claims' term unless told otherwise: 4 s, one less than
+/// [`fencing_layer::claims::DEFAULT_TERM`], because etcd deletes an expired
+/// lease's keys up to half a second after it expires (its lessor looks twice
+/// a second). So a dead replica's claims are gone within the layer's default
+/// 5 s drain bound, and a raise waiting that long gets in.
+pub const DEFAULT_TERM: Duration = Duration::from_secs(4);
+
 /// The layer's marks in etcd: give it to
 /// [`FencingLayer::shared_store`](fencing_layer::FencingLayer::shared_store)
 /// on every replica, with the same etcd cluster and prefix.
@@ -115,7 +122,7 @@ pub fn connect_options() -> ConnectOptions {
 impl EtcdSharedStore {
     /// Connects to `endpoints` with [`connect_options`] (lazily: an
     /// unreachable etcd shows in [`ready`](Self::ready)), marks and claims
-    /// under `prefix`, with the [default claim timing](ClaimTiming::default).
+    /// under `prefix`, with claims of [`DEFAULT_TERM`].
     ///
     /// # Errors
     ///
@@ -130,10 +137,11 @@ impl EtcdSharedStore {
 
     /// Marks and claims under `prefix` (every replica must use the same), through
     /// `client` (made with [`connect_options`], or options that keep `require_leader`),
-    /// with the [default claim timing](ClaimTiming::default).
+    /// with claims of [`DEFAULT_TERM`].
     #[must_use]
     pub fn new(client: Client, prefix: impl Into<String>) -> Self {
-        Self::build(client, prefix.into(), ClaimTiming::default(), ClaimStore::new)
+        let timing = ClaimTiming::for_term(DEFAULT_TERM);
+        Self::with_timing(client, prefix, timing).expect("the default timing is safe")
     }
 
     /// As [`new`](Self::new), with `timing`. etcd's leases last whole seconds:

@@ -166,12 +166,17 @@ pub struct Args {
     /// dbname=bench`; loopback only. Its tables are created if missing.
     #[arg(long, conflicts_with = "url")]
     pub shared_postgres: Option<String>,
+    /// In-process only: another target, the fenced stand-in with its marks in
+    /// etcd (`EtcdSharedStore`) at this client URL, e.g. `http://127.0.0.1:2379`;
+    /// loopback only. Marks and claims go under a prefix of this run's own.
+    #[arg(long, conflicts_with = "url", value_name = "ENDPOINT")]
+    pub shared_etcd: Option<String>,
     /// In-process only: a third target, the unfenced stand-in behind a layer
     /// that burns this many nanoseconds of CPU per request and does nothing
     /// else: how much a known cost moves the figures.
     #[arg(long, conflicts_with = "url", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub calibrate_ns: Option<u64>,
-    /// In-process only: run just this target (`unfenced`, `fenced`, `spin` or `shared`),
+    /// In-process only: run just this target (`unfenced`, `fenced`, `spin`, `shared` or `shared-etcd`),
     /// for a profiler.
     #[arg(long, conflicts_with = "url")]
     pub only: Option<String>,
@@ -182,7 +187,7 @@ pub struct Args {
     /// Send nothing: serve the fenced stand-in on this loopback address (`127.0.0.1:18090`)
     /// for `--duration` seconds, for another load generator (wrk, say) to measure the
     /// same server that `--url http://ADDR` measures.
-    #[arg(long, conflicts_with_all = ["url", "shared_postgres", "calibrate_ns", "only"])]
+    #[arg(long, conflicts_with_all = ["url", "shared_postgres", "shared_etcd", "calibrate_ns", "only"])]
     pub serve_only: Option<std::net::SocketAddr>,
     /// Also write the results as JSON to this file.
     #[arg(long)]

@@ -34,6 +34,10 @@ pub fn targets(
         let layer = runtime.block_on(shared_postgres_layer(config))?;
         routers.push(("shared", crate::standin::router_with(Some(layer))));
     }
+    if let Some(endpoint) = &args.shared_etcd {
+        let layer = runtime.block_on(shared_etcd_layer(endpoint, key_prefix))?;
+        routers.push(("shared-etcd", crate::standin::router_with(Some(layer))));
+    }
     let template =
         PathTemplate::parse(args.path.as_deref().unwrap_or(args.default_path()))?.with_key_prefix(key_prefix);
     template.check()?;
@@ -113,6 +117,24 @@ async fn shared_postgres_layer(
         Default::default(),
     );
     store.migrate().await?;
+    Ok(fencing_layer::FencingLayer::new().shared_store(store))
+}
+
+/// A default layer deciding in an `EtcdSharedStore` at `endpoint`, a loopback etcd,
+/// under a prefix of this run's own.
+async fn shared_etcd_layer(
+    endpoint: &str,
+    key_prefix: &str,
+) -> Result<fencing_layer::FencingLayer, Box<dyn std::error::Error>> {
+    let url: http::Uri = endpoint.parse()?;
+    let host = url.host().unwrap_or_default().trim_start_matches('[').trim_end_matches(']');
+    let loopback = (host, 0).to_socket_addrs().is_ok_and(|mut a| a.all(|a| a.ip().is_loopback()));
+    if !loopback {
+        return Err("--shared-etcd: not a loopback etcd; refusing".into());
+    }
+    let prefix = format!("fencing-load/{key_prefix}/");
+    let store = fencing_etcd::EtcdSharedStore::connect([endpoint], prefix).await?;
+    store.ready().await?;
     Ok(fencing_layer::FencingLayer::new().shared_store(store))
 }
 

@@ -1,6 +1,9 @@
 //! Two real `demo-resource serve --postgres URL --shared-marks` processes on one
 //! fresh database: the layer decides through replica claims shared in
-//! PostgreSQL (default timing: a 5 s term, renewed every second).
+//! PostgreSQL (default timing: a 5 s term, renewed every second). The first
+//! two scenarios run again with the claims in etcd (`serve --postgres URL
+//! --etcd ENDPOINT`: the data in PostgreSQL, the marks in a throwaway etcd,
+//! fencing-etcd's default 4 s term).
 //!
 //! - the seed's scenario across the replicas: token 1 on A, token 2 on B, then
 //!   token 1 on A is refused (409) and the log holds token 1's and token 2's writes;
@@ -9,8 +12,9 @@
 //!   write is not in the log;
 //! - a raise on B waits for A's write in flight and answers only after it.
 //!
-//! Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth); without it
-//! each test says SKIPPED and passes, unless `CI=true`.
+//! Needs PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth), and `etcd`
+//! for the etcd runs; without them each test says SKIPPED and passes, unless
+//! `CI=true`.
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -18,10 +22,31 @@ use std::time::{Duration, Instant};
 use reqwest::Client;
 use serde_json::Value;
 use test_support::ChildServer;
-use test_support::{BOUND, TestDb};
+use test_support::{BOUND, Etcd, TestDb};
 
-/// The claim term `serve --shared-marks` runs with (fencing-layer's default).
-const TERM: Duration = Duration::from_secs(5);
+/// Where the replicas' claims live.
+enum Marks<'a> {
+    /// `--shared-marks`: in the data's database, fencing-layer's default 5 s term.
+    Postgres,
+    /// `--etcd ENDPOINT`: in etcd, fencing-etcd's default 4 s term.
+    Etcd(&'a Etcd),
+}
+
+impl Marks<'_> {
+    fn args(&self) -> Vec<&str> {
+        match self {
+            Self::Postgres => vec!["--shared-marks"],
+            Self::Etcd(etcd) => vec!["--etcd", &etcd.endpoint],
+        }
+    }
+
+    fn term(&self) -> Duration {
+        match self {
+            Self::Postgres => Duration::from_secs(5),
+            Self::Etcd(_) => Duration::from_secs(4),
+        }
+    }
+}
 /// What the tests allow beyond the term: the raise's poll (100 ms), process
 /// and database scheduling on a loaded 2-core machine.
 const SLACK: Duration = Duration::from_secs(2);
@@ -30,11 +55,11 @@ const SLACK: Duration = Duration::from_secs(2);
 /// SIGKILLed when dropped).
 type Replica = ChildServer;
 
-/// Starts two replicas on `db` at once and waits for their `listening on`.
-fn pair(db: &TestDb) -> (Replica, Replica) {
+/// Starts two replicas on `db` with `marks` at once and waits for their `listening on`.
+fn pair(db: &TestDb, marks: &Marks<'_>) -> (Replica, Replica) {
     let spawn = || {
         let mut command = Command::new(env!("CARGO_BIN_EXE_demo-resource"));
-        command.args(["serve", "--listen", "127.0.0.1:0", "--postgres", &db.url(), "--shared-marks"]);
+        command.args(["serve", "--listen", "127.0.0.1:0", "--postgres", &db.url()]).args(marks.args());
         ChildServer::spawn(command.env("RUST_LOG", "error").stderr(Stdio::inherit()))
     };
     let (a, b) = (spawn(), spawn());
@@ -94,8 +119,18 @@ async fn db_now(db: &tokio_postgres::Client) -> String {
 /// the replica that did not take the newer token's write, and is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_seed_scenario_across_replicas_refuses_the_stale_write() {
+    seed_scenario(&Marks::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_seed_scenario_across_replicas_refuses_the_stale_write_with_claims_in_etcd() {
+    let Some(etcd) = Etcd::start().await else { return };
+    seed_scenario(&Marks::Etcd(&etcd)).await;
+}
+
+async fn seed_scenario(marks: &Marks<'_>) {
     let Some(db) = TestDb::create().await else { return };
-    let (a, b) = pair(&db);
+    let (a, b) = pair(&db, marks);
     let http = client();
     let path = "/logs/seed";
     assert_eq!(append(&http, &a, path, "", 1, "a1").await.0, 201);
@@ -122,8 +157,19 @@ async fn the_seed_scenario_across_replicas_refuses_the_stale_write() {
 /// and nothing frees it earlier), and the killed write never lands.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_killed_mid_request_holds_the_key_until_its_claim_expires() {
+    killed_mid_request(&Marks::Postgres).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_killed_mid_request_holds_the_key_until_its_etcd_lease_ends() {
+    let Some(etcd) = Etcd::start().await else { return };
+    killed_mid_request(&Marks::Etcd(&etcd)).await;
+}
+
+async fn killed_mid_request(marks: &Marks<'_>) {
+    let term = marks.term();
     let Some(db) = TestDb::create().await else { return };
-    let (mut a, b) = pair(&db);
+    let (mut a, b) = pair(&db, marks);
     let http = client();
     let admin = db.connect().await;
     let path = "/logs/killed";
@@ -145,16 +191,16 @@ async fn a_replica_killed_mid_request_holds_the_key_until_its_claim_expires() {
         eprintln!("token 2 on B: {status} {:?} after the kill", killed.elapsed());
         match status {
             201 => break killed.elapsed(),
-            503 if killed.elapsed() < TERM + SLACK => {}
+            503 if killed.elapsed() < term + SLACK => {}
             _ => panic!("token 2 on B {:?} after the kill: {status} {body}", killed.elapsed()),
         }
     };
-    eprintln!("token 2 admitted on B {admitted_after:?} after A was killed (claim term {TERM:?})");
-    assert!(admitted_after <= TERM + SLACK, "admitted only after {admitted_after:?}");
+    eprintln!("token 2 admitted on B {admitted_after:?} after A was killed (claim term {term:?})");
+    assert!(admitted_after <= term + SLACK, "admitted only after {admitted_after:?}");
     // A's claim was renewed at most a renewal period (term / 5) before the
     // kill, and a dead replica's claim is freed by nothing but its expiry.
     assert!(
-        admitted_after >= TERM - TERM / 5 - Duration::from_millis(500),
+        admitted_after >= term - term / 5 - Duration::from_millis(500),
         "admitted after {admitted_after:?}: before A's claim could have expired"
     );
     assert_eq!(log(&http, &b, path).await, [(1, "a1".to_owned()), (2, "b2".to_owned())]);
@@ -165,7 +211,7 @@ async fn a_replica_killed_mid_request_holds_the_key_until_its_claim_expires() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_raise_waits_for_the_other_replicas_write_in_flight() {
     let Some(db) = TestDb::create().await else { return };
-    let (a, b) = pair(&db);
+    let (a, b) = pair(&db, &Marks::Postgres);
     let http = client();
     let admin = db.connect().await;
     let path = "/logs/in-flight";

@@ -27,7 +27,13 @@ pub struct Setup {
 
 impl Setup {
     pub fn new(config: Config, timing: ClaimTiming) -> Self {
-        Self { pool: config.clone(), session: config, limits: PoolLimits::default(), timing, one_worker: false }
+        Self {
+            pool: config.clone(),
+            session: config,
+            limits: PoolLimits::default(),
+            timing,
+            one_worker: false,
+        }
     }
 }
 
@@ -62,7 +68,12 @@ impl PgReplica for Replica {
 }
 
 /// A migrated store with its session open: pool on `pool`, session on `session`.
-pub async fn ready_store(pool: Config, session: Config, limits: PoolLimits, timing: ClaimTiming) -> PgSharedStore {
+pub async fn ready_store(
+    pool: Config,
+    session: Config,
+    limits: PoolLimits,
+    timing: ClaimTiming,
+) -> PgSharedStore {
     let pool = fencing_postgres::pool(pool, limits).unwrap();
     let store = PgSharedStore::with_timing(pool, session, PgFence::new(), timing).unwrap();
     tokio::time::timeout(super::BOUND, store.migrate()).await.expect("migrate hung").unwrap();

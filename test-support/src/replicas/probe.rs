@@ -57,7 +57,10 @@ impl Probe {
         for (key, token, entered) in self.events() {
             let (inside, count, last) = state.entry(key).or_default();
             if entered {
-                assert!(*count == 0 || *inside == token, "key {key}: {token} entered while {inside} was inside");
+                assert!(
+                    *count == 0 || *inside == token,
+                    "key {key}: {token} entered while {inside} was inside"
+                );
                 assert!(token >= *last, "key {key}: {token} admitted after {last}");
                 (*inside, *count, *last) = (token, *count + 1, token);
             } else {
@@ -69,7 +72,10 @@ impl Probe {
     /// The position of the first `event` in the probe's order (a panic if it never happened).
     pub fn at(&self, event: Event) -> usize {
         let events = self.events();
-        events.iter().position(|e| *e == event).unwrap_or_else(|| panic!("{event:?} never happened: {events:?}"))
+        events
+            .iter()
+            .position(|e| *e == event)
+            .unwrap_or_else(|| panic!("{event:?} never happened: {events:?}"))
     }
 
     /// Every event so far.

@@ -39,7 +39,10 @@ pub struct Replica<S> {
 enum Serving {
     Shared(JoinHandle<()>),
     /// Told to stop, the thread drops the runtime: every task on it, requests inside included.
-    OwnThread { stop: mpsc::Sender<()>, thread: Option<std::thread::JoinHandle<()>> },
+    OwnThread {
+        stop: mpsc::Sender<()>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    },
 }
 
 impl<S: SharedStore + Clone> Replica<S> {
@@ -97,7 +100,12 @@ impl<S> Replica<S> {
 
     /// As [`post`](Self::post), from a client that gives up after `patience`:
     /// `None` if it did (the server sees its client leave).
-    pub async fn post_within(&self, key: u64, token: u64, patience: Duration) -> Option<(u16, serde_json::Value)> {
+    pub async fn post_within(
+        &self,
+        key: u64,
+        token: u64,
+        patience: Duration,
+    ) -> Option<(u16, serde_json::Value)> {
         let client = reqwest::Client::builder().timeout(patience).build().unwrap();
         let request = client.post(format!("{}/r/{key}", self.url)).header("fencing-token", token);
         let response = match request.send().await {

@@ -16,7 +16,7 @@ impl Rng {
     }
 
     /// The next number.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -26,11 +26,11 @@ impl Rng {
 
     /// A generator of its own, for another task.
     pub fn fork(&mut self) -> Self {
-        Rng(self.next())
+        Rng(self.next_u64())
     }
 
     /// A number in `0..n`.
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
+        self.next_u64() % n
     }
 }

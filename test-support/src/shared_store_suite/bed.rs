@@ -64,7 +64,8 @@ impl<E: Engine> Bed<E> {
     /// A replica as `spec` says, and its name in the engine.
     pub(super) async fn replica_named(&self, spec: Spec) -> (String, Replica<E::Store>) {
         let name = format!("replica-{}", self.built.fetch_add(1, Ordering::Relaxed));
-        let store = self.engine.store(spec.via.unwrap_or_else(|| self.engine.addr()), &name, spec.timing).await;
+        let store =
+            self.engine.store(spec.via.unwrap_or_else(|| self.engine.addr()), &name, spec.timing).await;
         let layer = FencingLayer::new().drain_timeout(spec.drain);
         (name.clone(), Replica::serve(&self.probe, layer, store, E::claims, spec.workers).await)
     }

@@ -48,13 +48,20 @@ pub async fn a_grant_whose_client_left_is_released_at_once<E: Engine>() {
     let two = bed.replica(Spec { via: Some(proxy.addr), timing, ..bed.spec(BOUND) }).await;
     assert_eq!(one.post(1, 1).await.0, 200);
     // Token 1's claim is released once idle; then the raise is granted, not told to wait.
-    wait_for(timing.term, "token 1's idle claim was never released", async || bed.engine.claims_on("/r/1").await == 0).await;
+    wait_for(timing.term, "token 1's idle claim was never released", async || {
+        bed.engine.claims_on("/r/1").await == 0
+    })
+    .await;
     proxy.stall();
-    assert!(two.post_within(1, 2, PATIENCE).await.is_none(), "the raise was answered through a stalled route");
+    assert!(
+        two.post_within(1, 2, PATIENCE).await.is_none(),
+        "the raise was answered through a stalled route"
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
     proxy.resume();
     // The claim goes on without its client, is granted, and is released.
-    let released = async || bed.engine.mark("/r/1").await == Some(2) && bed.engine.claims_on("/r/1").await == 0;
+    let released =
+        async || bed.engine.mark("/r/1").await == Some(2) && bed.engine.claims_on("/r/1").await == 0;
     wait_for(Duration::from_secs(2), "the abandoned grant's claim stayed", released).await;
     let since = Instant::now();
     assert_eq!(one.post(1, 3).await.0, 200);

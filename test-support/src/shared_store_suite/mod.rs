@@ -42,18 +42,23 @@ use std::time::Duration;
 use fencing_layer::claims::{ClaimStore, ClaimTiming};
 use fencing_layer::store::SharedStore;
 
-pub use clients::{a_grant_whose_client_left_is_released_at_once, a_raise_storm_cut_off_by_its_clients_leaves_the_key_usable};
+pub use clients::{
+    a_grant_whose_client_left_is_released_at_once, a_raise_storm_cut_off_by_its_clients_leaves_the_key_usable,
+};
 pub use contract::{
-    a_drain_past_its_bound_is_503_and_the_mark_stays_raised, a_raise_waits_for_lower_tokens_inside_on_any_replica_and_equal_ones_share,
+    a_drain_past_its_bound_is_503_and_the_mark_stays_raised,
+    a_raise_waits_for_lower_tokens_inside_on_any_replica_and_equal_ones_share,
     a_request_cut_off_inside_lets_the_next_holder_in, a_token_seen_by_one_replica_is_stale_on_every_other,
     random_routing_across_three_replicas_keeps_both_invariants,
 };
 pub use sessions::{
-    a_handler_longer_than_the_term_keeps_its_claim_and_the_raise_waits, a_killed_replicas_claim_expires_after_about_a_term,
-    a_lost_connection_does_not_free_the_claim, a_stalled_replica_stops_its_requests_before_its_claim_expires,
+    a_handler_longer_than_the_term_keeps_its_claim_and_the_raise_waits,
+    a_killed_replicas_claim_expires_after_about_a_term, a_lost_connection_does_not_free_the_claim,
+    a_stalled_replica_stops_its_requests_before_its_claim_expires,
 };
 pub use workers::{
-    a_handler_that_never_yields_past_its_claim_does_not_answer_success, a_worker_blocked_for_most_of_the_term_keeps_its_claim,
+    a_handler_that_never_yields_past_its_claim_does_not_answer_success,
+    a_worker_blocked_for_most_of_the_term_keeps_its_claim,
 };
 
 #[allow(unused_imports)] // for the docs' links

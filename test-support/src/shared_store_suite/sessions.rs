@@ -103,7 +103,10 @@ pub async fn a_killed_replicas_claim_expires_after_about_a_term<E: Engine>() {
     assert_eq!(status, 200, "{problem}");
     let timing = E::timing();
     let earliest = E::TERM.saturating_sub(timing.renew_every * 2);
-    assert!(waited >= earliest, "the raise got in {waited:?} after the kill: the dead replica's claim was freed");
+    assert!(
+        waited >= earliest,
+        "the raise got in {waited:?} after the kill: the dead replica's claim was freed"
+    );
     let latest = E::TERM + E::EXPIRY_SLACK + Duration::from_secs(1);
     assert!(waited <= latest, "the raise waited {waited:?} for a dead replica's claim of term {:?}", E::TERM);
     assert!(client.await.unwrap().is_err(), "the killed replica answered");

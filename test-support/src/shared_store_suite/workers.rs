@@ -18,7 +18,9 @@ pub async fn a_worker_blocked_for_most_of_the_term_keeps_its_claim<E: Engine>() 
     let one = bed.replica(Spec { workers: Workers::OwnThread, ..bed.spec(BOUND) }).await;
     let two = bed.replica(bed.spec(BOUND)).await;
     let period = E::timing().renew_every;
-    for (key, offset) in [(1, Duration::ZERO), (2, period / 4), (3, period / 2), (4, period * 3 / 4), (5, period * 19 / 20)] {
+    for (key, offset) in
+        [(1, Duration::ZERO), (2, period / 4), (3, period / 2), (4, period * 3 / 4), (5, period * 19 / 20)]
+    {
         // Token 1 holds the key's claim first; token 2 then blocks its worker.
         assert_eq!(one.post(key, 1).await.0, 200);
         tokio::time::sleep(offset).await;
@@ -41,7 +43,8 @@ pub async fn a_worker_blocked_for_most_of_the_term_keeps_its_claim<E: Engine>() 
 pub async fn a_handler_that_never_yields_past_its_claim_does_not_answer_success<E: Engine>() {
     let Some(bed) = Bed::<E>::start(Probe::default()).await else { return };
     let proxy = bed.proxy().await;
-    let one = bed.replica(Spec { via: Some(proxy.addr), workers: Workers::OwnThread, ..bed.spec(BOUND) }).await;
+    let one =
+        bed.replica(Spec { via: Some(proxy.addr), workers: Workers::OwnThread, ..bed.spec(BOUND) }).await;
     assert_eq!(one.post(1, 1).await.0, 200);
     bed.probe.block(1, E::TERM * 3 / 2);
     let stuck = one.spawn_post(1, 1);

@@ -70,7 +70,7 @@ pub trait Engine: Sized + Send + Sync + 'static {
     const NAME: &'static str;
     /// The claim term of the suite's replicas: the shortest the engine keeps
     /// honestly (PostgreSQL: 1 s; etcd's leases are whole seconds, 2 s at
-    /// least). Every wait of the suite is a multiple of it.
+    /// least). The suite's waits on claims are multiples of it.
     const TERM: Duration;
     /// How long past a claim's expiry the engine may still count it live
     /// (etcd revokes expired leases on a timer; PostgreSQL compares times as

@@ -2,7 +2,6 @@
 //! handler longer than the term, a stalled route, a lost connection, a killed
 //! replica.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -87,7 +86,7 @@ pub async fn a_killed_replicas_claim_expires_after_about_a_term<E: Engine>() {
     let proxy = bed.proxy().await;
     let spec = Spec { via: Some(proxy.addr), workers: Workers::OwnThread, ..bed.spec(BOUND) };
     let mut one = bed.replica_named(spec).await.1;
-    let two = Arc::new(bed.replica_named(bed.spec(BOUND)).await.1);
+    let two = bed.replica(bed.spec(BOUND)).await;
     bed.probe.hold(1);
     // Posted from the test's runtime: the client outlives the replica.
     let client = tokio::spawn({

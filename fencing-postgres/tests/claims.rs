@@ -1,8 +1,10 @@
-//! Replica claims when database sessions die: a handler longer than the claim
-//! term, a stalled network, a terminated session, a restarted server, a raise
-//! storm with clients cutting off, and the two ways of fencing refusing each
-//! other's keys. Each replica is a real axum server; one probe records every
-//! handler's entry and exit in one order, and the order is checked.
+//! Replica claims when PostgreSQL sessions die in ways only PostgreSQL has: a
+//! terminated session, a restarted server, the database down; and the two ways
+//! of fencing refusing each other's keys. (A handler longer than the term, a
+//! stalled route, a lost connection and a raise storm are in the conformance
+//! suite every engine runs: `conformance.rs`.) Each replica is a real axum
+//! server; one probe records every handler's entry and exit in one order, and
+//! the order is checked.
 //!
 //! Restarts and terminations run on a PostgreSQL server of the test's own
 //! (test-support's `OwnPg`), never the shared one.
@@ -12,9 +14,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::replicas::{Probe, Replica};
-use common::stall::StallProxy;
-use common::{BOUND, Rng, TestDb, port_of, with_port};
+use common::replicas::{PgReplica, Probe, Replica};
+use common::{BOUND, Rng, TestDb, with_port};
 use fencing_layer::FencingLayer;
 use fencing_layer::claims::ClaimTiming;
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
@@ -34,57 +35,6 @@ fn short() -> ClaimTiming {
 
 fn drain(bound: Duration) -> FencingLayer {
     FencingLayer::new().drain_timeout(bound)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_handler_longer_than_the_term_keeps_its_claim_and_the_raise_waits() {
-    let Some(db) = TestDb::create().await else { return };
-    let probe = Probe::default();
-    let limits = PoolLimits::default();
-    let one = Arc::new(Replica::with_timing(&probe, db.config(), drain(BOUND), limits, short()).await);
-    let two = Arc::new(Replica::with_timing(&probe, db.config(), drain(BOUND), limits, short()).await);
-    probe.hold(1);
-    let slow = one.spawn_post(1, 1);
-    probe.wait_inside(1, 1, 1).await;
-    let raise = two.spawn_post(1, 2);
-    // Three terms: the claim is renewed all along, so the raise is still waiting.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(!raise.is_finished(), "token 2 got an answer while token 1 was inside");
-    probe.release(1);
-    assert_eq!(slow.await.unwrap().0, 200, "the long handler was stopped though its claim was renewed");
-    assert_eq!(raise.await.unwrap().0, 200);
-    assert!(probe.at((1, 1, false)) < probe.at((1, 2, true)));
-    probe.assert_invariants();
-}
-
-/// The network to one replica's database stalls (no reset: the driver sees
-/// nothing). Its renewals stop arriving; before its claim can expire in the
-/// database, it stops its own request (503 claim-lost); the raise on the other
-/// replica gets in only after that, once the claim has expired.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_stalled_replica_stops_its_requests_before_its_claim_expires() {
-    let Some(db) = TestDb::create().await else { return };
-    let proxy = StallProxy::start(([127, 0, 0, 1], port_of(&db.config())).into()).await;
-    let probe = Probe::default();
-    let limits = PoolLimits { wait: Duration::from_millis(500), ..PoolLimits::default() };
-    let via_proxy = with_port(&db.config(), proxy.addr.port(), "stalled");
-    let one = Arc::new(Replica::with_timing(&probe, via_proxy, drain(BOUND), limits, short()).await);
-    let two = Arc::new(Replica::with_timing(&probe, db.config(), drain(BOUND), limits, short()).await);
-    probe.hold(1);
-    let stalled = one.spawn_post(1, 1);
-    probe.wait_inside(1, 1, 1).await;
-    let since = Instant::now();
-    proxy.stall();
-    let raise = two.spawn_post(1, 2);
-    let (status, problem) = stalled.await.unwrap();
-    let stopped_after = since.elapsed();
-    assert_eq!(status, 503, "{problem}");
-    assert_eq!(problem["type"], "urn:fencing:problem:claim-lost");
-    assert!(stopped_after < Duration::from_secs(1), "stopped only after {stopped_after:?}");
-    assert_eq!(raise.await.unwrap().0, 200);
-    assert!(probe.at((1, 1, false)) < probe.at((1, 2, true)), "{:?}", probe.events());
-    probe.assert_invariants();
-    proxy.resume();
 }
 
 /// Every session of one replica is terminated (`pg_terminate_backend`) while
@@ -174,47 +124,6 @@ async fn a_database_restart_under_load_lets_no_token_overlap() {
         let mark = common::mark(&admin, &format!("/r/{key}")).await.map(|m| m.parse::<u64>().unwrap());
         assert!(admitted <= mark, "key {key}: admitted {admitted:?} but the mark is {mark:?}");
     }
-}
-
-/// Thirty raises whose clients give up after 40 ms, while a lower token is
-/// inside: within a second, the database holds no more sessions of the replica
-/// than its pool and its one background session.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_raise_storm_cut_off_by_its_clients_leaves_no_sessions_behind() {
-    let Some(db) = TestDb::create().await else { return };
-    let probe = Probe::default();
-    let limits = PoolLimits { max_size: 4, ..PoolLimits::default() };
-    let config = with_port(&db.config(), port_of(&db.config()), "storm");
-    let one = Arc::new(Replica::with_timing(&probe, config, drain(BOUND), limits, short()).await);
-    probe.hold(1);
-    let held = one.spawn_post(1, 1);
-    probe.wait_inside(1, 1, 1).await;
-    let client = reqwest::Client::builder().timeout(Duration::from_millis(40)).build().unwrap();
-    for token in 2..32_u64 {
-        let cut = client.post(format!("{}/r/1", one.url)).header("fencing-token", token).send().await;
-        assert!(cut.is_err(), "token {token} was answered while token 1 was inside");
-    }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let admin = db.connect().await;
-    let sessions: i64 = admin
-        .query_one("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'storm'", &[])
-        .await
-        .unwrap()
-        .get(0);
-    assert!(sessions <= 5, "{sessions} sessions of a replica with a pool of 4");
-    let waiting: i64 = admin
-        .query_one(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'storm' AND wait_event_type = 'Lock'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
-    assert_eq!(waiting, 0, "sessions still wait on locks for clients that left");
-    probe.release(1);
-    assert_eq!(held.await.unwrap().0, 200);
-    assert_eq!(one.post(1, 31).await.0, 200);
-    probe.assert_invariants();
 }
 
 /// A key fenced through the shared store refuses `PgFence::fence`, and a key

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::replicas::{Probe, Replica};
+use common::replicas::{PgReplica, Probe, Replica};
 use common::{BOUND, TestDb, connect_to, mark};
 use deadpool_postgres::Pool;
 use fencing_client::{LockBackendExt, LockError, PgLockClient};

@@ -9,7 +9,9 @@
 //! answering ([`Proxy`]) or stall and sever ([`StallProxy`]), the workspace's
 //! own server binaries as child processes ([`ChildServer`]), Prometheus's
 //! tools ([`prometheus_tool`], [`promtool`]), and the token parser's oracle
-//! ([`canonical_token`]).
+//! ([`canonical_token`]). With feature `replicas`: replicas of a fenced
+//! resource ([`replicas`]) and the conformance suite every shared store runs
+//! ([`shared_store_suite`]).
 //!
 //! A dev-dependency only (`publish = false`). Every server lives in a temporary
 //! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle
@@ -31,6 +33,10 @@ mod process;
 mod prometheus;
 mod proxy;
 mod redis;
+#[cfg(feature = "replicas")]
+pub mod replicas;
+#[cfg(feature = "replicas")]
+pub mod shared_store_suite;
 mod stall;
 #[cfg(feature = "postgres")]
 mod testdb;
@@ -39,6 +45,7 @@ mod zookeeper;
 
 use std::io::Write;
 use std::net::TcpListener;
+use std::time::Duration;
 
 pub use child_server::{ChildServer, Starting};
 pub use etcd::Etcd;
@@ -49,9 +56,12 @@ pub use proxy::Proxy;
 pub use redis::Redis;
 pub use stall::StallProxy;
 #[cfg(feature = "postgres")]
-pub use testdb::{BOUND, TestDb};
+pub use testdb::TestDb;
 pub use token::canonical_token;
 pub use zookeeper::ZooKeeper;
+
+/// Every await on a server in a test is bounded by this, so a hang fails the test.
+pub const BOUND: Duration = Duration::from_secs(20);
 
 /// `None` after a loud SKIPPED line, unless `CI=true`: then the test fails, since
 /// CI installs every server and a skip there would hide a missing test.

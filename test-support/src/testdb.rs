@@ -1,15 +1,13 @@
 //! A throwaway database on the shared PostgreSQL.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use tokio_postgres::{Client, Config, NoTls};
 
+use crate::BOUND;
+
 /// The shared server: 127.0.0.1:5432, user postgres, trust auth.
 const SERVER: &str = "host=127.0.0.1 port=5432 user=postgres connect_timeout=3";
-
-/// Every await on the database in a test is bounded by this, so a hang fails the test.
-pub const BOUND: Duration = Duration::from_secs(20);
 
 /// A database of its own for one test on the shared PostgreSQL, dropped
 /// (connections and all, `WITH (FORCE)`) when the handle drops, panics included.

@@ -1,9 +1,9 @@
 //! Throwaway databases on the local PostgreSQL (127.0.0.1:5432, user postgres,
 //! trust auth): one per test, dropped when the test ends, panics included.
 
-#![allow(dead_code, unreachable_pub, async_fn_in_trait)]
+#![allow(dead_code, unreachable_pub, unused_imports, async_fn_in_trait)]
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 pub mod replicas;
 
@@ -17,6 +17,7 @@ use deadpool_postgres::Pool;
 use fencing_postgres::{PgFence, PoolLimits};
 use tokio_postgres::{Client, Config, NoTls};
 
+pub use test_support::replicas::Rng;
 pub use test_support::{BOUND, TestDb};
 
 /// What these tests add to test-support's [`TestDb`]: fencing-postgres's pool and fence on it.
@@ -69,37 +70,6 @@ async fn connect(config: &Config) -> Result<Client, tokio_postgres::Error> {
 pub async fn mark(client: &Client, key: &str) -> Option<String> {
     let row = client.query_opt("SELECT mark::text FROM fencing_marks WHERE key = $1", &[&key]).await.unwrap();
     row.map(|row| row.get(0))
-}
-
-/// A small deterministic generator (splitmix64), seeded from the clock; the
-/// seed is printed so a failing run can be replayed.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn from_clock() -> Self {
-        let seed = SystemTime::now().duration_since(UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-        let seed = std::env::var("FENCING_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(seed);
-        eprintln!("FENCING_SEED={seed}");
-        Rng(seed)
-    }
-
-    pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A generator of its own, for another task.
-    pub fn fork(&mut self) -> Self {
-        Rng(self.next())
-    }
-
-    /// A number in `0..n`.
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
 }
 
 /// Waits until `n` sessions of this database are blocked on a lock (a fence

@@ -25,6 +25,9 @@ use crate::backend::EtcdClaims;
 use crate::error::ToStore;
 use crate::layout::{Layout, claim_value, token};
 
+/// How often a quiet watch checks that its session still listens.
+const LISTENED: Duration = Duration::from_secs(1);
+
 /// Reads per Txn: etcd refuses a Txn of more than `--max-txn-ops` (128 by default).
 const READS_PER_TXN: usize = 128;
 
@@ -46,11 +49,17 @@ pub(crate) async fn open(claims: EtcdClaims) -> Result<ClaimSession, StoreError>
     Ok(ClaimSession { renewer: Box::new(Renewer { claims }), events })
 }
 
-/// Turns watched changes into hints until the watch ends or nobody listens;
-/// then `sender` drops, which ends the session.
+/// Turns watched changes into hints until the watch ends or nobody listens
+/// (looked at every [`LISTENED`], so a quiet watch of an ended session does not
+/// stay open); then `sender` drops, which ends the session.
 async fn forward(mut stream: WatchStream, layout: Arc<Layout>, sender: broadcast::Sender<ClaimEvent>) {
     loop {
-        let response = match stream.message().await {
+        let message = match tokio::time::timeout(LISTENED, stream.message()).await {
+            Ok(message) => message,
+            Err(_) if sender.receiver_count() == 0 => return,
+            Err(_) => continue,
+        };
+        let response = match message {
             Ok(Some(response)) => response,
             Ok(None) => return tracing::warn!("claims: etcd ended the watch"),
             Err(error) => return tracing::warn!(%error, "claims: the etcd watch broke"),

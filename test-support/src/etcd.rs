@@ -73,7 +73,7 @@ impl Etcd {
 }
 
 /// `GET /health` on the client port; whether etcd says `"health":"true"`.
-async fn healthy(port: u16) -> std::io::Result<bool> {
+pub(crate) async fn healthy(port: u16) -> std::io::Result<bool> {
     let request = format!("GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
     let answer = ask(port, request.as_bytes(), None).await?;
     let answer = String::from_utf8_lossy(&answer);

@@ -3,7 +3,8 @@
 //! It is not for production code: only tests and the fuzz target depend on it.
 //!
 //! In detail: the loud skip, free ports,
-//! throwaway servers (Redis, etcd, ZooKeeper) on ephemeral loopback ports, a
+//! throwaway servers (Redis, etcd, ZooKeeper) on ephemeral loopback ports, an
+//! etcd cluster whose members can be killed, frozen and partitioned ([`EtcdCluster`]), a
 //! throwaway database on the shared PostgreSQL and a PostgreSQL server of the
 //! test's own (`TestDb`, `OwnPg`: feature `postgres`), TCP proxies that can stop
 //! answering ([`Proxy`]) or stall and sever ([`StallProxy`]), the workspace's
@@ -27,8 +28,10 @@
 
 mod child_server;
 mod etcd;
+mod etcd_cluster;
 #[cfg(feature = "postgres")]
 mod own_pg;
+mod peer_gate;
 mod process;
 mod prometheus;
 mod proxy;
@@ -49,6 +52,7 @@ use std::time::Duration;
 
 pub use child_server::{ChildServer, Starting};
 pub use etcd::Etcd;
+pub use etcd_cluster::EtcdCluster;
 #[cfg(feature = "postgres")]
 pub use own_pg::OwnPg;
 pub use prometheus::{prometheus_tool, promtool};

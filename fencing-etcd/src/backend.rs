@@ -35,7 +35,7 @@ use fencing_layer::claims::{BoxFuture, ClaimBackend, ClaimReply, ClaimRequest, C
 use fencing_layer::store::StoreError;
 use tokio::sync::oneshot;
 
-use crate::error::{ToStore, is_lease_gone};
+use crate::error::{ToStore, is_lease_gone, sent};
 use crate::layout::{Layout, claim_value, encode_claim, padded, token};
 use crate::lease::ReplicaLease;
 use crate::session;
@@ -91,7 +91,12 @@ impl EtcdClaims {
                     encode_claim(token, grant),
                     Some(PutOptions::new().with_lease(lease)),
                 )]);
-            match self.client.clone().txn(put).await {
+            match sent(&self.client, |mut client| {
+                let put = put.clone();
+                async move { client.txn(put).await }
+            })
+            .await
+            {
                 Ok(put) if put.succeeded() => return Ok(ClaimReply::Granted { raised }),
                 // The mark moved: read again (a higher mark makes it a 409).
                 Ok(_) => {}
@@ -121,7 +126,11 @@ impl EtcdClaims {
             .when([Compare::create_revision(mark.as_str(), CompareOp::Equal, 0)])
             .and_then([vec![create], reads().to_vec()].concat())
             .or_else([vec![TxnOp::txn(raise)], reads().to_vec()].concat());
-        let reply = self.client.clone().txn(txn).await.map_err(ToStore::to_store)?;
+        let reply = sent(&self.client, |mut client| {
+            let txn = txn.clone();
+            async move { client.txn(txn).await }
+        });
+        let reply = reply.await.map_err(ToStore::to_store)?;
         read(&reply, token)
     }
 
@@ -146,7 +155,8 @@ impl EtcdClaims {
         grant: u64,
         first: oneshot::Sender<Result<(), StoreError>>,
     ) {
-        let (claim, client, lease) = (self.layout.claim(&key, &replica), self.client, Arc::downgrade(&self.lease));
+        let (claim, client, lease) =
+            (self.layout.claim(&key, &replica), self.client, Arc::downgrade(&self.lease));
         drop(self.lease);
         let mut first = Some(first);
         loop {

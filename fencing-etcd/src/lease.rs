@@ -15,7 +15,7 @@ use std::time::Duration;
 use etcd_client::Client;
 use fencing_layer::store::StoreError;
 
-use crate::error::{ToStore, is_lease_gone};
+use crate::error::{ToStore, is_lease_gone, sent};
 
 /// The replica's lease: granted on the first claim, kept alive by every grant
 /// and renewal, granted again once etcd says it is gone.
@@ -62,7 +62,7 @@ impl ReplicaLease {
     /// One keepalive of `id`, sent now: `false` (and the lease forgotten) if
     /// etcd says it is gone, with every claim on it.
     pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool, StoreError> {
-        match self.client.clone().lease_keep_alive(id).await {
+        match sent(&self.client, |mut client| async move { client.lease_keep_alive(id).await }).await {
             Ok(_) => Ok(true),
             Err(error) if is_lease_gone(&error) => {
                 let mut current = self.lock();
@@ -86,7 +86,10 @@ impl ReplicaLease {
     }
 
     async fn grant(&self) -> Result<i64, StoreError> {
-        let granted = self.client.clone().lease_grant(self.ttl, None).await.map_err(ToStore::to_store)?;
+        let ttl = self.ttl;
+        let granted = sent(&self.client, |mut client| async move { client.lease_grant(ttl, None).await })
+            .await
+            .map_err(ToStore::to_store)?;
         // etcd may raise a TTL to its minimum, never lower it; a shorter one would break the proof.
         if !granted.error().is_empty() || granted.ttl() < self.ttl {
             let why = format!(

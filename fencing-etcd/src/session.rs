@@ -22,7 +22,7 @@ use fencing_layer::store::StoreError;
 use tokio::sync::broadcast;
 
 use crate::backend::EtcdClaims;
-use crate::error::ToStore;
+use crate::error::{ToStore, sent};
 use crate::layout::{Layout, claim_value, token};
 
 /// How often a quiet watch checks that its session still listens.
@@ -146,8 +146,14 @@ async fn gets(client: &Client, keys: Vec<String>) -> Result<Vec<Option<KeyValue>
     for (batch, keys) in keys.chunks(READS_PER_TXN).enumerate() {
         let txn =
             Txn::new().and_then(keys.iter().map(|key| TxnOp::get(key.as_str(), None)).collect::<Vec<_>>());
-        let mut client = client.clone();
-        reads.spawn(async move { (batch, client.txn(txn).await) });
+        let client = client.clone();
+        reads.spawn(async move {
+            let reply = sent(&client, |mut client| {
+                let txn = txn.clone();
+                async move { client.txn(txn).await }
+            });
+            (batch, reply.await)
+        });
     }
     let mut batches = Vec::with_capacity(reads.len());
     while let Some(done) = reads.join_next().await {

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, Txn, TxnOp, WatchOptions};
-use faults::load::{Load, assert_answers, raises, report};
+use faults::load::{Load, assert_answers, raises, report, timeline};
 use faults::recorder::Recorder;
-use faults::replicas::Replica;
+use faults::replicas::{Answer, Replica};
 use faults::{BOUND, logs};
 use test_support::{EtcdCluster, StallProxy};
 use tokio::time::{Instant, sleep, timeout};
@@ -42,14 +42,13 @@ async fn replicas(recorder: &Recorder, cluster: &EtcdCluster, prefix: &str) -> A
 /// The load's answers and the recorder's order hold the contract: no overlap,
 /// admitted tokens never decrease, every refusal a 409 or a 503, and requests
 /// admitted once the faults were over.
-fn check(recorder: &Recorder, answers: &[Answer], settled: Instant) -> Vec<Answer> {
+fn check(recorder: &Recorder, answers: &[Answer], began: Instant, settled: Instant) -> Vec<Answer> {
+    timeline(answers, began);
     assert_answers(answers, settled);
     let admitted = recorder.assert_invariants();
     eprintln!("{} requests, {admitted} admitted, 0 overlaps", answers.len());
     raises(recorder, answers)
 }
-
-use faults::replicas::Answer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_leader_killed_twice_under_load_lets_no_token_overlap() {
@@ -68,23 +67,18 @@ async fn the_leader_killed_twice_under_load_lets_no_token_overlap() {
         cluster.kill9(leader);
         sleep(Duration::from_secs(2)).await;
         cluster.restart(leader).await;
-        faults.push((leader, from, Instant::now()));
+        let back = from.elapsed();
         sleep(Duration::from_millis(1500)).await;
+        faults.push((leader, from, back, Instant::now()));
     }
     let settled = Instant::now();
     sleep(Duration::from_secs(2)).await;
     let answers = load.finish().await;
-    faults::load::timeline(&answers, began);
-    let mut etcd = Client::connect(cluster.endpoints(), None).await.unwrap();
-    let rows = etcd.get("kill/c/", Some(etcd_client::GetOptions::new().with_prefix())).await.unwrap();
-    for kv in rows.kvs() { eprintln!("ROW {:?} {:?} lease {:x}", kv.key_str(), kv.value_str(), kv.lease()); }
-    for a in answers.iter().filter(|a| a.took > Duration::from_secs(2)) { eprintln!("LONG +{:?} {a:?}", a.started - began); }
-    std::fs::write("/tmp/kill-logs.txt", logs::lines_with("").join("\n")).unwrap();
-    for r in replicas.iter() { eprintln!("replica {} holds {} claims", r.index, r.store.claims().claims()); }
-    let raises = check(&recorder, &answers, settled);
+    let raises = check(&recorder, &answers, began, settled);
     report("kill: before the faults", &raises, &answers, began, faults[0].1);
-    for (n, (leader, from, to)) in faults.into_iter().enumerate() {
-        report(&format!("kill -9 #{} of leader m{leader}, until it serves again", n + 1), &raises, &answers, from, to);
+    for (n, (leader, from, back, to)) in faults.into_iter().enumerate() {
+        let what = format!("kill -9 #{} of leader m{leader} (serving again after {back:?}) + 1.5 s", n + 1);
+        report(&what, &raises, &answers, from, to);
     }
     report("kill: after the faults", &raises, &answers, settled, Instant::now());
 }
@@ -111,7 +105,7 @@ async fn the_leader_frozen_past_the_lease_ttl_under_load_lets_no_token_overlap()
     let settled = Instant::now();
     sleep(Duration::from_secs(2)).await;
     let answers = load.finish().await;
-    let raises = check(&recorder, &answers, settled);
+    let raises = check(&recorder, &answers, began, settled);
     eprintln!("SIGSTOP of leader m{leader} for 3 s; leader after SIGCONT: m{after}");
     report("stop: before the fault", &raises, &answers, began, from);
     report("stop: SIGSTOP of the leader, 3 s", &raises, &answers, from, thawed);
@@ -158,8 +152,10 @@ async fn a_replica_behind_a_partitioned_member_is_stopped_before_the_raise_gets_
     let held = timeout(BOUND, held).await.expect("the held request answered").unwrap();
     assert_eq!(held.status, 503, "{held:?}");
     assert!(held.body.contains("claim-lost"), "{held:?}");
-    let stopped = recorder.position(|e| (e.replica, e.token, e.entered) == (0, 1, false)).expect("A's request left");
-    let admitted = recorder.position(|e| (e.replica, e.token, e.entered) == (1, 2, true)).expect("the raise entered");
+    let stopped =
+        recorder.position(|e| (e.replica, e.token, e.entered) == (0, 1, false)).expect("A's request left");
+    let admitted =
+        recorder.position(|e| (e.replica, e.token, e.entered) == (1, 2, true)).expect("the raise entered");
     assert!(stopped < admitted, "the raise entered (#{admitted}) before A's request left (#{stopped})");
     // Cut off, A admits nothing: neither the tokens above nor its own token once its claim is gone.
     let own = a.post(7, 1).await;
@@ -182,4 +178,98 @@ async fn a_replica_behind_a_partitioned_member_is_stopped_before_the_raise_gets_
     eprintln!("[partition] healed: replica A admitted a raise to 3 after {back:?}");
     b.until_admitted(7, 4, BOUND).await;
     recorder.assert_invariants();
+}
+
+/// A watch of the prefix through `via`, on a client without keepalives (so a
+/// stall alone never ends it): the compacted revision etcd cancels it with.
+async fn witness(via: &str, prefix: &str) -> tokio::task::JoinHandle<Option<i64>> {
+    let mut client = Client::connect([via], None).await.unwrap();
+    let mut stream = client.watch(prefix, Some(WatchOptions::new().with_prefix())).await.unwrap();
+    let created = stream.message().await.unwrap().expect("etcd answers a new watch");
+    assert!(created.created(), "{created:?}");
+    tokio::spawn(async move {
+        let _client = client;
+        loop {
+            match stream.message().await {
+                Ok(Some(response)) if response.canceled() => return Some(response.compact_revision()),
+                Ok(Some(_)) => {}
+                _ => return None,
+            }
+        }
+    })
+}
+
+/// Makes every watch that cannot be read now fall behind, then compacts past
+/// it: three Txns of 1.2 MB (more than a stream's 2 MB flow-control window
+/// in hyper's client, so etcd's sender blocks), then 200
+/// puts (more than the 128 responses etcd buffers per watch stream: the
+/// watcher becomes a slow "victim", left behind at its first unsent
+/// revision), then a compaction to the last revision. Keys under `prefix`
+/// that are neither marks nor claims: the replicas ignore them. The revision.
+async fn flood_and_compact(cluster: &EtcdCluster, prefix: &str) -> i64 {
+    let mut client = Client::connect(cluster.endpoints(), None).await.unwrap();
+    let big = "x".repeat(12 * 1024);
+    for txn in 0..3 {
+        let puts: Vec<TxnOp> =
+            (0..100).map(|n| TxnOp::put(format!("{prefix}fill/big{txn}-{n}"), big.as_str(), None)).collect();
+        client.txn(Txn::new().and_then(puts)).await.unwrap();
+    }
+    let mut small = tokio::task::JoinSet::new();
+    for n in 0..200 {
+        let (mut client, key) = (client.clone(), format!("{prefix}fill/small{n}"));
+        small.spawn(async move { client.put(key, "x", None).await.unwrap().header().unwrap().revision() });
+    }
+    let mut revision = 0;
+    while let Some(put) = small.join_next().await {
+        revision = revision.max(put.unwrap());
+    }
+    client.compact(revision, None).await.unwrap();
+    revision
+}
+
+/// etcd cancels a watch with a compacted revision only when the watcher is
+/// behind (unsynced) and the compaction passes the revision it has yet to
+/// send; a watcher that keeps up is never cancelled. Replica 0 (and a
+/// witness watch) reach member 0 through a stalling proxy; while it stalls,
+/// [`flood_and_compact`] leaves their watchers behind and compacts past them.
+/// The stall ends before the client's keepalive (1 s) would end the
+/// connection, so the watch is cancelled by the compaction, not broken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_compaction_that_cancels_a_replicas_watch_under_load_lets_no_token_overlap() {
+    logs::capture();
+    let _one = serial().await;
+    let Some(cluster) = EtcdCluster::start(3).await else { return };
+    let member = cluster.endpoint(0).trim_start_matches("http://").parse().unwrap();
+    let proxy = StallProxy::start(member).await;
+    let via = format!("http://{}", proxy.addr);
+    let recorder = Recorder::default();
+    let mut replicas = vec![Replica::start(&recorder, 0, &[via.clone()], "compact/", DRAIN).await];
+    for index in 1..3 {
+        replicas.push(Replica::start(&recorder, index, &cluster.endpoints(), "compact/", DRAIN).await);
+    }
+    let replicas = Arc::new(replicas);
+    let witness = witness(&via, "compact/").await;
+    let began = Instant::now();
+    let load = Load::start(&replicas, 6, 2);
+    sleep(Duration::from_millis(1500)).await;
+    let from = Instant::now();
+    proxy.stall();
+    let revision = flood_and_compact(&cluster, "compact/").await;
+    proxy.resume();
+    let stalled = from.elapsed();
+    let cancelled = timeout(BOUND, witness).await.expect("the witness watch ended").unwrap();
+    assert_eq!(cancelled, Some(revision), "etcd cancelled the witness watch at the compacted revision");
+    sleep(Duration::from_secs(3)).await;
+    let settled = Instant::now();
+    sleep(Duration::from_secs(2)).await;
+    let answers = load.finish().await;
+    let raises = check(&recorder, &answers, began, settled);
+    let cancels = logs::lines_with(&format!("compacted={revision}"));
+    eprintln!("[compact] stalled {stalled:?}, compacted to {revision}; the replica logged: {cancels:?}");
+    assert!(!cancels.is_empty(), "replica 0's watch was not cancelled by the compaction");
+    let after = answers.iter().filter(|a| a.replica == 0 && a.status == 200 && a.started > settled).count();
+    assert!(after > 0, "replica 0 admitted nothing after its watch was cancelled");
+    report("compact: before", &raises, &answers, began, from);
+    report("compact: stall, flood, compaction, 3 s after", &raises, &answers, from, settled);
+    report("compact: after", &raises, &answers, settled, Instant::now());
 }

@@ -25,7 +25,7 @@ pub(crate) fn capture() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
         let subscriber = tracing_subscriber::fmt()
-            .with_max_level(tracing::Level::DEBUG)
+            .with_max_level(tracing::Level::WARN)
             .with_ansi(false)
             .with_writer(|| Capture)
             .finish();

@@ -35,15 +35,9 @@ pub(crate) struct Recorder {
 }
 
 impl Recorder {
-    /// Requests with `token` stay inside until [`release`](Self::release)d (or stopped).
+    /// Requests with `token` stay inside until stopped (their claim lost, their client gone).
     pub(crate) fn hold(&self, token: u64) {
         self.gates.lock().unwrap().entry(token).or_insert_with(|| Arc::new(Semaphore::new(0)));
-    }
-
-    pub(crate) fn release(&self, token: u64) {
-        if let Some(gate) = self.gates.lock().unwrap().remove(&token) {
-            gate.close();
-        }
     }
 
     pub(crate) fn events(&self) -> Vec<Event> {
@@ -86,7 +80,9 @@ impl Recorder {
     pub(crate) async fn wait_inside(&self, key: u64, token: u64) {
         let inside = || {
             let events = self.lock();
-            let count = |entered| events.iter().filter(|e| (e.key, e.token, e.entered) == (key, token, entered)).count();
+            let count = |entered| {
+                events.iter().filter(|e| (e.key, e.token, e.entered) == (key, token, entered)).count()
+            };
             count(true) > count(false)
         };
         let waited = tokio::time::timeout(BOUND, async {

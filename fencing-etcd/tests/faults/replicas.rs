@@ -23,7 +23,6 @@ static REQUESTS: AtomicU64 = AtomicU64::new(1);
 pub(crate) struct Replica {
     pub(crate) index: usize,
     pub(crate) url: String,
-    pub(crate) store: EtcdSharedStore,
     http: reqwest::Client,
     server: tokio::task::JoinHandle<()>,
 }
@@ -53,13 +52,13 @@ impl Replica {
         let client = etcd_client::Client::connect(endpoints, Some(connect_options())).await.unwrap();
         let store = EtcdSharedStore::with_timing(client, prefix, timing()).unwrap();
         timeout(BOUND, store.ready()).await.expect("ready in time").unwrap();
-        let layer = FencingLayer::new().drain_timeout(drain).shared_store(store.clone());
+        let layer = FencingLayer::new().drain_timeout(drain).shared_store(store);
         let router = recorder.router(index, layer);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
         let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
-        Self { index, url, store, http, server }
+        Self { index, url, http, server }
     }
 
     /// `POST /r/{key}` with `token`; a request that gets no answer is status 0.

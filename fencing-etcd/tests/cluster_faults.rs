@@ -243,7 +243,8 @@ async fn a_compaction_that_cancels_a_replicas_watch_under_load_lets_no_token_ove
     let proxy = StallProxy::start(member).await;
     let via = format!("http://{}", proxy.addr);
     let recorder = Recorder::default();
-    let mut replicas = vec![Replica::start(&recorder, 0, &[via.clone()], "compact/", DRAIN).await];
+    let mut replicas =
+        vec![Replica::start(&recorder, 0, std::slice::from_ref(&via), "compact/", DRAIN).await];
     for index in 1..3 {
         replicas.push(Replica::start(&recorder, index, &cluster.endpoints(), "compact/", DRAIN).await);
     }

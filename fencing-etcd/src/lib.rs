@@ -45,7 +45,10 @@
 //! - **A leader change**: requests fail until a leader is elected (grants
 //!   answer 503, a renewal that fails ends the session and the keeper opens
 //!   another); leases get their whole TTL again, so raises wait longer, never
-//!   shorter. A replica whose renewals fail past `term − margin` stops its
+//!   shorter. A request a follower had forwarded to a leader that died waits
+//!   out the client's request timeout (5 s in [`connect_options`]); one the
+//!   client could not even send (a dead member stays in its rotation) is sent
+//!   again at once. A replica whose renewals fail past `term − margin` stops its
 //!   requests, as on any backend outage.
 //! - **A compacted revision under a watch**: etcd cancels the watch; the
 //!   session ends, the keeper opens another, every waiting raise looks again,

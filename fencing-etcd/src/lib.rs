@@ -81,6 +81,7 @@ use std::time::Duration;
 
 pub use etcd_client;
 use etcd_client::{Client, ConnectOptions};
+use fencing_layer::claims::check_text_key;
 pub use fencing_layer::claims::{ClaimStore, ClaimTiming, ClaimTimingError};
 use fencing_layer::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError};
 
@@ -212,14 +213,9 @@ impl SharedStore for EtcdSharedStore {
     }
 
     fn admit(&self, key: &str, token: u64, drain: Duration) -> SharedAdmission {
-        if key.len() > MAX_KEY_BYTES {
-            return Box::pin(std::future::ready(Err(SharedRefusal::KeyTooLong { limit: MAX_KEY_BYTES })));
+        match check_text_key(key, MAX_KEY_BYTES) {
+            Ok(()) => self.claims.admit(key, token, drain),
+            Err(refusal) => Box::pin(std::future::ready(Err(refusal))),
         }
-        if key.contains('\0') {
-            return Box::pin(std::future::ready(Err(SharedRefusal::InvalidKey(
-                "the key contains a NUL character",
-            ))));
-        }
-        self.claims.admit(key, token, drain)
     }
 }

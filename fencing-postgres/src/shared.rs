@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
-use fencing_layer::claims::{ClaimStore, ClaimTiming, ClaimTimingError};
+use fencing_layer::claims::{ClaimStore, ClaimTiming, ClaimTimingError, check_text_key};
 use fencing_layer::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
 
 use crate::claims::PgClaims;
@@ -101,14 +101,9 @@ impl SharedStore for PgSharedStore {
     }
 
     fn admit(&self, key: &str, token: u64, drain: Duration) -> SharedAdmission {
-        if key.len() > MAX_KEY_BYTES {
-            return Box::pin(std::future::ready(Err(SharedRefusal::KeyTooLong { limit: MAX_KEY_BYTES })));
+        match check_text_key(key, MAX_KEY_BYTES) {
+            Ok(()) => self.claims.admit(key, token, drain),
+            Err(refusal) => Box::pin(std::future::ready(Err(refusal))),
         }
-        if key.contains('\0') {
-            return Box::pin(std::future::ready(Err(SharedRefusal::InvalidKey(
-                "the key contains a NUL character",
-            ))));
-        }
-        self.claims.admit(key, token, drain)
     }
 }

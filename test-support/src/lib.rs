@@ -11,8 +11,8 @@
 //! own server binaries as child processes ([`ChildServer`]), Prometheus's
 //! tools ([`prometheus_tool`], [`promtool`]), and the token parser's oracle
 //! ([`canonical_token`]). With feature `replicas`: replicas of a fenced
-//! resource ([`replicas`]) and the conformance suite every shared store runs
-//! ([`shared_store_suite`]).
+//! resource (module `replicas`) and the conformance suite every shared store
+//! runs (module `shared_store_suite`).
 //!
 //! A dev-dependency only (`publish = false`). Every server lives in a temporary
 //! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle

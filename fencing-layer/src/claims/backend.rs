@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::sync::broadcast;
 
-use crate::store::StoreError;
+use crate::store::{SharedRefusal, StoreError};
 
 /// A boxed, sendable future: the backend's calls are network round trips,
 /// next to which the allocation does not count.
@@ -173,4 +173,27 @@ pub trait ClaimBackend: Send + Sync + 'static {
 
     /// Opens the background session.
     fn open_session(&self) -> BoxFuture<'static, Result<ClaimSession, StoreError>>;
+}
+
+/// Checks a key before any round trip, for a backend that keeps keys as text
+/// of at most `limit` bytes: a longer one is [`SharedRefusal::KeyTooLong`], one
+/// holding NUL (which PostgreSQL's text cannot store, and which etcd's layout
+/// uses as a separator) [`SharedRefusal::InvalidKey`]; both answer 400.
+///
+/// ```
+/// use fencing_layer::claims::check_text_key;
+/// use fencing_layer::store::SharedRefusal;
+///
+/// assert_eq!(check_text_key("/docs/7", 1024), Ok(()));
+/// assert_eq!(check_text_key(&"k".repeat(1025), 1024), Err(SharedRefusal::KeyTooLong { limit: 1024 }));
+/// assert!(matches!(check_text_key("a\0b", 1024), Err(SharedRefusal::InvalidKey(_))));
+/// ```
+pub fn check_text_key(key: &str, limit: usize) -> Result<(), SharedRefusal> {
+    if key.len() > limit {
+        return Err(SharedRefusal::KeyTooLong { limit });
+    }
+    if key.contains('\0') {
+        return Err(SharedRefusal::InvalidKey("the key contains a NUL character"));
+    }
+    Ok(())
 }

@@ -152,7 +152,7 @@ use tokio::sync::Notify;
 
 pub use self::backend::{
     BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, EVENTS,
-    Renewal,
+    Renewal, check_text_key,
 };
 /// A request inside under a claim, as the store's permit holds it.
 pub(crate) type Entered = Pin<Box<self::claim::Entered>>;

@@ -74,8 +74,20 @@ impl EtcdClaims {
     ) -> Result<ClaimReply, StoreError> {
         let mut raised = false;
         for _ in 0..ATTEMPTS {
-            let (lease, read) = tokio::join!(self.lease.fresh(), self.raise_and_read(&key, token));
-            let read = read?;
+            // The keepalive goes out beside the read, but a 409 or a wait does not
+            // wait for it: a raise that must wait starts listening for releases
+            // the moment it knows, not a keepalive's round trip later.
+            let fresh = self.lease.fresh();
+            tokio::pin!(fresh);
+            let mut lease = None;
+            let read = self.raise_and_read(&key, token);
+            tokio::pin!(read);
+            let read = loop {
+                tokio::select! {
+                    read = &mut read => break read?,
+                    kept = &mut fresh, if lease.is_none() => lease = Some(kept),
+                }
+            };
             raised |= read.raised;
             if read.mark > token {
                 return Ok(ClaimReply::Stale { mark: read.mark });
@@ -83,7 +95,10 @@ impl EtcdClaims {
             if read.lower > 0 {
                 return Ok(ClaimReply::Wait { raised, soonest: None });
             }
-            let lease = lease?;
+            let lease = match lease {
+                Some(kept) => kept?,
+                None => fresh.await?,
+            };
             let put = Txn::new()
                 .when([Compare::mod_revision(self.layout.mark(&key), CompareOp::Equal, read.mark_revision)])
                 .and_then([TxnOp::put(

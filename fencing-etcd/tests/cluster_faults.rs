@@ -23,6 +23,9 @@ use tokio::time::{Instant, sleep, timeout};
 /// The layer's bound on a raise's wait: longer than a dead replica's lease (2 s, checked every 500 ms).
 const DRAIN: Duration = Duration::from_secs(5);
 
+/// How long the load runs once a frozen leader's cluster has settled.
+const AFTER_FREEZE: Duration = Duration::from_secs(6);
+
 /// One scenario at a time: each starts a cluster of its own, and on two cores
 /// two of them at once would measure each other, not their faults.
 async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
@@ -103,7 +106,9 @@ async fn the_leader_frozen_past_the_lease_ttl_under_load_lets_no_token_overlap()
     let after = cluster.wait_leader(Duration::from_secs(5)).await.expect("a leader after the thaw");
     sleep(Duration::from_secs(2)).await;
     let settled = Instant::now();
-    sleep(Duration::from_secs(2)).await;
+    // Longer than a request's 5 s timeout (`connect_options`): a request sent to the
+    // frozen member before it thawed may wait that long, holding its worker.
+    sleep(AFTER_FREEZE).await;
     let answers = load.finish().await;
     let raises = check(&recorder, &answers, began, settled);
     eprintln!("SIGSTOP of leader m{leader} for 3 s; leader after SIGCONT: m{after}");

@@ -71,10 +71,13 @@ pub(super) async fn admit(
             ClaimReply::Wait { raised: now_raised, soonest } => {
                 raised |= now_raised;
                 waited = true;
-                inner.raised(&key, token);
-                // That woke this key's waiters, this request among them: watch afresh,
-                // or it would claim again at once, in a loop of round trips.
-                woken = Arc::clone(inner.stripe(&key)).notified_owned();
+                // News woke this key's waiters, this request among them: watch afresh,
+                // or it would claim again at once, in a loop of round trips. Else the
+                // wake-up registered before this claim was sent still stands, and a
+                // release heard since its answer left the backend is not missed.
+                if inner.raised(&key, token) {
+                    woken = Arc::clone(inner.stripe(&key)).notified_owned();
+                }
                 let now = Instant::now();
                 if now >= deadline {
                     return Err(SharedRefusal::DrainTimeout);

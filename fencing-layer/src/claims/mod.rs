@@ -404,26 +404,37 @@ impl Inner {
 
     /// Remembers that `key`'s mark is at least `mark`: only what the backend
     /// answered (a grant, a refusal, a renewal, a read), never a notification.
-    fn note_mark(&self, key: &str, mark: u64) {
+    /// Whether that is news: the known mark rose, or none could be kept.
+    fn note_mark(&self, key: &str, mark: u64) -> bool {
         if let Some(mut known) = self.marks.get_mut(key) {
+            let rose = mark > *known;
             *known = (*known).max(mark);
-            return;
+            return rose;
         }
         if self.marks.len() < MAX_KNOWN_MARKS {
             let mut known = self.marks.entry(key.to_owned()).or_insert(mark);
             *known = (*known).max(mark);
         }
+        true
     }
 
     /// The backend says `key`'s mark is `mark`: a claim below it admits
-    /// nobody more and is released once empty.
-    fn raised(&self, key: &str, mark: u64) {
-        self.note_mark(key, mark);
+    /// nobody more and is released once empty. This key's waiters are woken
+    /// when that is news (the known mark rose, or the claim was not yet
+    /// overtaken by it); whether they were.
+    fn raised(&self, key: &str, mark: u64) -> bool {
+        let rose = self.note_mark(key, mark);
         let claim = self.claims.get(key).map(|claim| Arc::clone(&claim));
-        if let Some(claim) = claim.filter(|claim| claim.token < mark) {
+        let overtook = claim.filter(|claim| claim.token < mark).is_some_and(|claim| {
+            let news = claim.overtaken_by().is_none_or(|by| by < mark);
             claim.overtake(mark);
+            news
+        });
+        let news = rose || overtook;
+        if news {
+            self.wake(key);
         }
-        self.wake(key);
+        news
     }
 
     /// Whether this replica holds a claim on `key` below `token`: only then

@@ -51,9 +51,10 @@
 //!   again at once. A replica whose renewals fail past `term − margin` stops its
 //!   requests, as on any backend outage.
 //! - **A compacted revision under a watch**: etcd cancels the watch; the
-//!   session ends, the keeper opens another, every waiting raise looks again,
-//!   and the next renewal reads every claimed key's mark. Notifications are
-//!   hints only, so a missed one delays a release by at most a renewal period.
+//!   session ends, the keeper opens another, and every waiting raise looks
+//!   again. Notifications are hints only: every claim is renewed at least every
+//!   other renewal period, and a renewal reads the marks of the keys it renews,
+//!   so a missed raise delays a release by at most two periods.
 //! - **A lease revoked by the cluster** before its TTL: only an operator does
 //!   that (`etcdctl lease revoke`, or deleting claim keys). Like deleting claim
 //!   rows in PostgreSQL, it frees claims while their requests may be inside:

@@ -168,7 +168,8 @@ pub struct Args {
     pub shared_postgres: Option<String>,
     /// In-process only: another target, the fenced stand-in with its marks in
     /// etcd (`EtcdSharedStore`) at this client URL, e.g. `http://127.0.0.1:2379`;
-    /// loopback only. Marks and claims go under a prefix of this run's own.
+    /// loopback only. Marks and claims go under a prefix of this run's own. Needs
+    /// fencing-load built with `--features etcd`.
     #[arg(long, conflicts_with = "url", value_name = "ENDPOINT")]
     pub shared_etcd: Option<String>,
     /// In-process only: a third target, the unfenced stand-in behind a layer

@@ -120,8 +120,22 @@ async fn shared_postgres_layer(
     Ok(fencing_layer::FencingLayer::new().shared_store(store))
 }
 
+/// `--shared-etcd` in a build without feature `etcd`: how to build it with.
+#[cfg(not(feature = "etcd"))]
+async fn shared_etcd_layer(
+    endpoint: &str,
+    _key_prefix: &str,
+) -> Result<fencing_layer::FencingLayer, Box<dyn std::error::Error>> {
+    Err(format!(
+        "--shared-etcd {endpoint}: fencing-load was built without feature `etcd` \
+         (cargo build --release -p fencing-benches --bin fencing-load --features etcd)"
+    )
+    .into())
+}
+
 /// A default layer deciding in an `EtcdSharedStore` at `endpoint`, a loopback etcd,
 /// under a prefix of this run's own.
+#[cfg(feature = "etcd")]
 async fn shared_etcd_layer(
     endpoint: &str,
     key_prefix: &str,

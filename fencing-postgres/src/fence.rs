@@ -1,4 +1,42 @@
-//! `PgFence`: the mark table, its migration, and the fence statement.
+//! `PgFence`: the mark table, its migration, and the fence's two statements.
+//!
+//! The fence runs inside the caller's transaction, under READ COMMITTED, as one
+//! of two statements. A token this process fenced the key with last (`known.rs`:
+//! every write of a holder but its first) sends the *plain lock*: the key's mark
+//! row read `FOR NO KEY UPDATE`. Any other token sends the *full statement*,
+//! which locks the row the same way and inserts or raises it when needed. What
+//! the fence promises, and why:
+//!
+//! 1. **Data and mark commit together.** The mark is read, locked and changed
+//!    in the transaction that makes the writes; both commit or neither does.
+//! 2. **A lower token never writes after a higher one, and a raise waits for
+//!    every writer still inside with the lower token.** A write with token `t`
+//!    comes after `fence(t)` returned, so its transaction `T` holds the row's
+//!    `FOR NO KEY UPDATE` lock until it ends. A raise to `t' > t` in another
+//!    transaction `R` must lock the row before it changes it (`cur`'s lock, or
+//!    the upsert's conflict lock: both conflict with `T`'s), so it waits until
+//!    `T` has committed or rolled back. The other way round, if `R` committed
+//!    first, `T`'s statement decides on `t'`, not on an older mark: a row
+//!    locked after a wait, or changed since the statement's snapshot, is read
+//!    again at its newest committed version before the lock is granted
+//!    (PostgreSQL's re-check of an updated row under READ COMMITTED), so `T`
+//!    finds `t' > t` and is refused as stale.
+//! 3. **The lock is taken in the statement that reads the mark.** That is what
+//!    ties the mark decided on to the lock held. A read followed by a lock, or
+//!    a lock that is not the row's (an advisory lock in the same statement),
+//!    could decide on a mark read before the lock was granted: a raise that
+//!    committed in between would be missed. `FENCING_MUTANT=unlocked-fence`
+//!    leaves the plain lock's `FOR NO KEY UPDATE` out, and the in-transaction
+//!    tests must fail (`fence-mutants.sh` in this crate).
+//!
+//! The plain lock is the shortest statement that does this: one index lookup
+//! and one row lock, which writes the tuple's header and one 54-byte WAL
+//! record, and takes no transaction id of its own. Equal tokens on one key run
+//! one after another (the lock conflicts with itself), more than invariant 2
+//! needs. A shared advisory lock would let them run side by side and write no
+//! WAL, but it needs the mark read in a later statement (2.): measured, that
+//! second statement, or a plpgsql function that holds both, costs the server
+//! more than the row lock saves (BENCHMARKS.md §13, issue 39).
 
 use std::sync::Arc;
 
@@ -274,6 +312,8 @@ impl PgFence {
         };
         #[cfg(feature = "mutants")]
         let (migrate, claims_sql) = mutant::session_claims(migrate, claims_sql, &claims);
+        #[cfg(feature = "mutants")]
+        let lock = mutant::unlocked_fence(lock);
         Self {
             sql: Arc::new(Statements { table, migrate, lock, fence, claims: claims_sql }),
             known: Arc::default(),
@@ -425,6 +465,17 @@ mod tests {
 #[cfg(feature = "mutants")]
 mod mutant {
     use super::{ClaimStatements, OFFSET};
+
+    /// `FENCING_MUTANT=unlocked-fence`: the plain lock (a token fenced with
+    /// last) reads the mark without locking its row, so a raise no longer waits
+    /// for the writer still inside. Otherwise returns the statement unchanged.
+    pub(super) fn unlocked_fence(lock: String) -> String {
+        if std::env::var("FENCING_MUTANT").as_deref() != Ok("unlocked-fence") {
+            return lock;
+        }
+        tracing::error!("MUTANT unlocked-fence: the equal-token fence does not lock the mark row");
+        lock.strip_suffix(" FOR NO KEY UPDATE").expect("the plain lock ends with its lock").to_owned()
+    }
 
     /// `FENCING_MUTANT=session-claims`: a claim is freed when its replica's
     /// background session ends, as if it were a session-level lock. Each

@@ -114,37 +114,70 @@ async fn racing_replicas_commit_tokens_in_order() {
     assert_eq!(common::mark(&observer, KEY).await, Some(highest_drawn.to_string()));
 }
 
+/// Invariant 2's wait, on both of the fence's statements: the lower holder's
+/// first fence (the statement that creates or raises the row) and a later one
+/// with the same token (the plain lock of a remembered token, every write of a
+/// holder but its first). `FENCING_MUTANT=unlocked-fence` leaves the plain
+/// lock out, and fails the second (`fencing-postgres/fence-mutants.sh`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_token_waits_until_the_lower_one_committed() {
     let Some((db, fence, observer)) = setup().await else { return };
     let pool = db.pool(PoolLimits::default());
-    let mut lower = pool.get().await.unwrap();
-    let lower_tx = lower.transaction().await.unwrap();
-    fence.fence(&lower_tx, KEY, 5).await.unwrap();
+    for repeated in [false, true] {
+        let key = format!("{KEY}/repeated-{repeated}");
+        if repeated {
+            // The holder's earlier write: its token is now the mark, and remembered.
+            let mut client = pool.get().await.unwrap();
+            let tx = client.transaction().await.unwrap();
+            fence.fence(&tx, &key, 5).await.unwrap();
+            tx.commit().await.unwrap();
+        }
+        let mut lower = pool.get().await.unwrap();
+        let lower_tx = lower.transaction().await.unwrap();
+        let previous = if repeated { 5 } else { 0 };
+        assert_eq!(fence.fence(&lower_tx, &key, 5).await.unwrap(), Fenced { token: 5, previous });
 
-    let (higher_pool, higher_fence) = (pool.clone(), fence.clone());
-    let higher = tokio::spawn(async move {
-        let mut client = higher_pool.get().await.unwrap();
-        let tx = client.transaction().await.unwrap();
-        let fenced = higher_fence.fence(&tx, KEY, 7).await.unwrap();
-        // What the newer holder sees the moment its fence returns.
-        let seen =
-            tx.query_one("SELECT count(*) FROM writes WHERE token = 5", &[]).await.unwrap().get::<_, i64>(0);
-        tx.execute(INSERT, &[&KEY, &"7"]).await.unwrap();
-        tx.commit().await.unwrap();
-        (fenced, seen)
-    });
-    lock_waiters(&observer, 1).await;
-    // The stalled lower-token holder writes only now, while the higher one waits.
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(!higher.is_finished(), "the higher token's fence returned while the lower one was inside");
-    lower_tx.execute(INSERT, &[&KEY, &"5"]).await.unwrap();
-    lower_tx.commit().await.unwrap();
+        let (higher_pool, higher_fence, higher_key) = (pool.clone(), fence.clone(), key.clone());
+        let higher = tokio::spawn(async move {
+            let mut client = higher_pool.get().await.unwrap();
+            let tx = client.transaction().await.unwrap();
+            let fenced = higher_fence.fence(&tx, &higher_key, 7).await.unwrap();
+            // What the newer holder sees the moment its fence returns.
+            let seen = tx
+                .query_one("SELECT count(*) FROM writes WHERE key = $1 AND token = 5", &[&higher_key])
+                .await
+                .unwrap()
+                .get::<_, i64>(0);
+            tx.execute(INSERT, &[&higher_key, &"7"]).await.unwrap();
+            tx.commit().await.unwrap();
+            (fenced, seen)
+        });
+        // Blocked on the lower holder's lock; without it, the raise commits here.
+        let blocked = timeout(BOUND, async {
+            while !higher.is_finished() && !common::blocked_on_lock(&observer).await {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        blocked.await.expect("the higher token neither waited nor finished");
+        // The stalled lower-token holder writes only now, while the higher one waits.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !higher.is_finished(),
+            "the higher token's fence returned while the lower one was inside ({key})"
+        );
+        lower_tx.execute(INSERT, &[&key, &"5"]).await.unwrap();
+        lower_tx.commit().await.unwrap();
 
-    let (fenced, seen) = timeout(BOUND, higher).await.unwrap().unwrap();
-    assert_eq!(fenced, Fenced { token: 7, previous: 5 });
-    assert_eq!(seen, 1, "the lower holder's write had committed before the higher fence returned");
-    assert_eq!(written(&observer).await, [5, 7]);
+        let (fenced, seen) = timeout(BOUND, higher).await.unwrap().unwrap();
+        assert_eq!(fenced, Fenced { token: 7, previous: 5 });
+        assert_eq!(seen, 1, "the lower holder's write had committed before the higher fence returned");
+        let tokens = observer
+            .query("SELECT token::text FROM writes WHERE key = $1 ORDER BY seq", &[&key])
+            .await
+            .unwrap();
+        let tokens: Vec<String> = tokens.iter().map(|row| row.get(0)).collect();
+        assert_eq!(tokens, ["5", "7"], "{key}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

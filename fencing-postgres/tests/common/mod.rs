@@ -72,6 +72,12 @@ pub async fn mark(client: &Client, key: &str) -> Option<String> {
     row.map(|row| row.get(0))
 }
 
+/// Whether a session of this database is waiting for a lock now.
+pub async fn blocked_on_lock(client: &Client) -> bool {
+    let sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'";
+    client.query_one(sql, &[]).await.unwrap().get::<_, i64>(0) > 0
+}
+
 /// Waits until `n` sessions of this database are blocked on a lock (a fence
 /// waiting for a row another transaction holds).
 pub async fn lock_waiters(client: &Client, n: i64) {

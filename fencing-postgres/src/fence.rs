@@ -34,7 +34,7 @@
 //! record, and takes no transaction id of its own. Equal tokens on one key run
 //! one after another (the lock conflicts with itself), more than invariant 2
 //! needs. A shared advisory lock would let them run side by side and write no
-//! WAL, but it needs the mark read in a later statement (2.): measured, that
+//! WAL, but it needs the mark read in a later statement (3.): measured, that
 //! second statement, or a plpgsql function that holds both, costs the server
 //! more than the row lock saves (BENCHMARKS.md §13, issue 39).
 

@@ -24,7 +24,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Dispatch;
 
 use super::claim::{Claim, State};
-use super::journal::Handoff;
+use super::journal::{Handoff, Metered};
 use super::{BoxFuture, ClaimEvent, ClaimRenewer, ClaimSession, Inner, POLL, Renewal, RenewalReport};
 use crate::store::StoreError;
 
@@ -55,7 +55,11 @@ impl Handle {
     /// Starts the keeper of `store` on a thread of its own, or says why it
     /// could not. Everything logged on that thread goes through a [`Handoff`]
     /// to the subscriber in force here (the caller's), never waiting for it.
-    pub(super) fn start(store: Weak<Inner>, dropped: Arc<AtomicU64>) -> Option<Self> {
+    pub(super) fn start(
+        store: Weak<Inner>,
+        dropped: Arc<AtomicU64>,
+        metered: Option<Metered>,
+    ) -> Option<Self> {
         let (sender, started) = std::sync::mpsc::channel();
         let application = tracing::dispatcher::get_default(Dispatch::clone);
         let thread = std::thread::Builder::new().name("fencing-claims-keeper".into()).spawn(move || {
@@ -63,7 +67,7 @@ impl Handle {
                 Ok(runtime) => runtime,
                 Err(error) => return tracing::error!(%error, "claims: cannot build the keeper's runtime"),
             };
-            let handoff = Handoff::start(application, dropped);
+            let handoff = Handoff::start(application, dropped, metered);
             let task = runtime.spawn(run(store));
             let _ = sender.send(Handle { runtime: runtime.handle().clone(), task: task.abort_handle() });
             let _ = tracing::dispatcher::with_default(&handoff, || runtime.block_on(task));

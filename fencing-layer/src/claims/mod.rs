@@ -607,7 +607,14 @@ impl Inner {
             let _ = self.app.set(app);
         }
         let dropped = Arc::clone(&self.dropped_log_lines);
-        self.keeper.get_or_init(|| keeper::Handle::start(Arc::downgrade(self), dropped));
+        self.keeper.get_or_init(|| {
+            // Every series at zero from the start, with the recorder in effect here.
+            #[cfg(feature = "metrics")]
+            let metered = Some(self.revocations.metered.get_or_init(revocations::Metered::new).clone());
+            #[cfg(not(feature = "metrics"))]
+            let metered = None;
+            keeper::Handle::start(Arc::downgrade(self), dropped, metered)
+        });
     }
 
     /// Waits, at most `bound`, until the keeper has a session.

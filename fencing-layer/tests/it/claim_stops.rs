@@ -20,6 +20,7 @@ use fencing_layer::claims::{
 };
 use fencing_layer::store::StoreError;
 use http::{Request, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower::ServiceExt;
 
 /// Grants every claim; its renewer blocks the keeper's thread until the test ends.
@@ -84,7 +85,12 @@ async fn a_yielding_handler_is_stopped_at_its_deadline_while_the_keeper_is_stuck
     let stuck = engine.stuck.lock().unwrap();
     let timing = ClaimTiming::for_term(Duration::from_secs(1));
     let claims = ClaimStore::with_timing(engine.clone(), timing).unwrap();
+    // The store's metrics are built where it starts, with the recorder in effect there.
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let recording = metrics::set_default_local_recorder(&recorder);
     claims.ready().await.expect("the session opens");
+    drop(recording);
     let effects = Arc::new(Mutex::new(Vec::<Instant>::new()));
     let made = Arc::clone(&effects);
     let handler = move || {
@@ -118,5 +124,17 @@ async fn a_yielding_handler_is_stopped_at_its_deadline_while_the_keeper_is_stuck
     assert!(answered <= deadline + Duration::from_millis(100), "stopped only after {answered:?}");
     assert_eq!(claims.revocations().by_request, 1, "{:?}", claims.revocations());
     assert_eq!(claims.revocations().at_deadline, 0, "the keeper was stuck: {:?}", claims.revocations());
+    let revoked = |cause: &str| {
+        let found = snapshotter.snapshot().into_vec().into_iter().find(|(key, ..)| {
+            key.key().name() == "fencing_claims_revoked_total"
+                && key.key().labels().any(|label| label.key() == "cause" && label.value() == cause)
+        });
+        match found {
+            Some((.., DebugValue::Counter(n))) => n,
+            other => panic!("fencing_claims_revoked_total{{cause={cause}}}: {other:?}"),
+        }
+    };
+    // Every cause's series exists from the start, at zero until it happens.
+    assert_eq!((revoked("request"), revoked("deadline"), revoked("gone")), (1, 0, 0));
     drop(stuck);
 }

@@ -37,23 +37,21 @@
 //! "look again later", never "held". Nothing stays open between statements, so
 //! a client that goes away leaves no session behind.
 
-use std::future::poll_fn;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use fencing_layer::claims::{
-    BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, EVENTS,
-    Renewal,
+    BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, Renewal,
 };
 use fencing_layer::store::StoreError;
-use tokio::sync::broadcast;
+use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{Client, NoTls};
 
 use crate::fence::{MAX_KEY_BYTES, PgFence, WAY_TRANSACTION, from_wire, to_wire};
+use crate::hints;
 
 /// How long any claim statement waits for a row lock.
 const LOCK_TIMEOUT: &str = "1s";
@@ -177,43 +175,35 @@ impl PgClaims {
         begun.and(bounded).and(released.map(drop)).and(committed).map_err(StoreError::log)
     }
 
+    /// The session: renewals, reads and sweeps on a connection that does not
+    /// listen, driven by the keeper's runtime (this future's); hints on
+    /// another, driven by a thread of its own (`hints.rs`). When either
+    /// connection ends, the hint thread ends, `events` closes and the keeper
+    /// opens another session.
     async fn open(self) -> Result<ClaimSession, StoreError> {
-        let (client, mut connection) = self.config.connect(NoTls).await.map_err(StoreError::log)?;
-        let (sender, events) = broadcast::channel(EVENTS);
-        // The connection is driven here, so that notifications reach `events`;
-        // when it ends, `sender` drops and the keeper opens another session.
-        tokio::spawn(async move {
-            let ended = poll_fn(|cx| {
-                loop {
-                    match connection.poll_message(cx) {
-                        Poll::Ready(Some(Ok(AsyncMessage::Notification(note)))) => {
-                            // A full channel drops the oldest: the keeper then reads every mark.
-                            if let Some(event) = parse(note.payload()) {
-                                let _ = sender.send(event);
-                            }
-                        }
-                        Poll::Ready(Some(Ok(_))) => {}
-                        Poll::Ready(Some(Err(error))) => return Poll::Ready(Err(error)),
-                        Poll::Ready(None) => return Poll::Ready(Ok(())),
-                        Poll::Pending => return Poll::Pending,
-                    }
+        let (renewals_up, renewals_gone) = oneshot::channel::<()>();
+        let hints =
+            hints::listen(self.config.clone(), self.fence.claims_sql().channel.clone(), renewals_gone);
+        let renewals = async {
+            let (client, connection) = self.config.connect(NoTls).await.map_err(StoreError::log)?;
+            tokio::spawn(async move {
+                // Dropped when the connection ends: the hint thread ends with it.
+                let _up = renewals_up;
+                if let Err(error) = connection.await {
+                    tracing::warn!(%error, "claims: the background session's connection ended");
                 }
-            })
-            .await;
-            if let Err(error) = ended {
-                tracing::warn!(%error, "claims: the background session's connection ended");
-            }
-        });
-        let channel = &self.fence.claims_sql().channel;
-        client
-            .batch_execute(&format!(
-                "SET default_transaction_isolation = 'read committed';
-                 SET lock_timeout = '{LOCK_TIMEOUT}';
-                 SET statement_timeout = '{STATEMENT_TIMEOUT}';
-                 LISTEN {channel}"
-            ))
-            .await
-            .map_err(StoreError::log)?;
+            });
+            client
+                .batch_execute(&format!(
+                    "SET default_transaction_isolation = 'read committed';
+                     SET lock_timeout = '{LOCK_TIMEOUT}';
+                     SET statement_timeout = '{STATEMENT_TIMEOUT}'"
+                ))
+                .await
+                .map_err(StoreError::log)?;
+            Ok(client)
+        };
+        let (events, client) = tokio::try_join!(hints, renewals)?;
         let renewer = Renewer { client: Arc::new(client), fence: self.fence.clone() };
         Ok(ClaimSession { renewer: Box::new(renewer), events })
     }
@@ -317,7 +307,7 @@ impl ClaimRenewer for Renewer {
 
 /// `r <token> <key>` (a raise) or `l <token> <key>` (a release). A key longer
 /// than any claim's is nobody's: dropped, so a forged flood costs no memory.
-fn parse(payload: &str) -> Option<ClaimEvent> {
+pub(crate) fn parse(payload: &str) -> Option<ClaimEvent> {
     let (kind, rest) = payload.split_once(' ')?;
     let (token, key) = rest.split_once(' ')?;
     if key.len() > MAX_KEY_BYTES {

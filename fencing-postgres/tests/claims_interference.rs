@@ -17,6 +17,7 @@ use fencing_layer::claims::{ClaimStore, ClaimTiming};
 use fencing_postgres::{FenceError, PgFence};
 use test_support::OwnPg;
 use test_support::replicas::key;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_postgres::{Client, Config};
 
@@ -30,8 +31,16 @@ fn layer() -> FencingLayer {
     FencingLayer::new().drain_timeout(BOUND)
 }
 
-/// How long the forgers flood.
-const FLOOD: Duration = Duration::from_secs(4);
+/// The flood's timing: valid 2.7 s after a renewal is sent, renewed every
+/// 600 ms, each renewal bounded by 600 ms (a renewal slower than that reopens
+/// the session). Room for a machine that other work loads too (two cores
+/// here); the attack's flood left renewals waiting for seconds.
+fn flood_timing() -> ClaimTiming {
+    ClaimTiming::for_term(Duration::from_secs(3))
+}
+
+/// How long the forgers flood: longer than a claim is valid without a renewal.
+const FLOOD: Duration = Duration::from_secs(5);
 
 /// The token of the requests held inside through a whole test.
 const LONG: u64 = 1_000_000;
@@ -40,9 +49,10 @@ const LONG: u64 = 1_000_000;
 const POLL: Duration = Duration::from_millis(100);
 
 /// Three sessions of a role with no privilege on the tables send forged
-/// raises for the keys the replicas hold, as fast as they can, for 4 s,
+/// raises for the keys the replicas hold, as fast as they can, for 5 s,
 /// while two replicas hold claims (a request held inside on each for the
-/// whole flood: about 20 renewals each) and hand key 1 over between them,
+/// whole flood, longer than a claim is valid unless renewed) and hand key 1
+/// over between them,
 /// token by token. No claim is lost (no 503), and every handover (from the
 /// holder's exit to the next token's entry) completes within the bound the
 /// docs give a raise nobody hears of: the holder's keeper finds the raise
@@ -52,8 +62,8 @@ const POLL: Duration = Duration::from_millis(100);
 async fn a_notify_flood_loses_no_claim_and_stalls_no_handover() {
     let Some(pg) = OwnPg::start() else { return };
     let probe = Probe::default();
-    let one = Arc::new(Replica::build(&probe, layer(), Setup::new(pg.config(), short())).await);
-    let two = Arc::new(Replica::build(&probe, layer(), Setup::new(pg.config(), short())).await);
+    let one = Arc::new(Replica::build(&probe, layer(), Setup::new(pg.config(), flood_timing())).await);
+    let two = Arc::new(Replica::build(&probe, layer(), Setup::new(pg.config(), flood_timing())).await);
     let forger = Forger::create(&pg.config()).await;
     probe.hold(LONG);
     let long = [one.spawn_post(2, LONG), two.spawn_post(3, LONG)];
@@ -72,13 +82,12 @@ async fn a_notify_flood_loses_no_claim_and_stalls_no_handover() {
         let next = token + 1;
         let to = if next % 2 == 0 { &two } else { &one };
         probe.hold(next);
-        let raise = to.spawn_post(1, next);
+        let mut raise = to.spawn_post(1, next);
         // Long enough for the raise to commit its mark and wait for the holder.
         tokio::time::sleep(Duration::from_millis(50)).await;
         let left = Instant::now();
         probe.release(token);
-        probe.wait_inside(1, next, 1).await;
-        handovers.push(left.elapsed());
+        handovers.push(entered(&probe, next, &mut raise).await - left);
         let (status, problem) = holder.await.unwrap();
         assert_eq!(status, 200, "the holder of {token} during the flood: {problem}");
         (holder, token) = (raise, next);
@@ -96,7 +105,7 @@ async fn a_notify_flood_loses_no_claim_and_stalls_no_handover() {
 
     let rate = sent as f64 / FLOOD.as_secs_f64();
     handovers.sort();
-    let timing = short();
+    let timing = flood_timing();
     let bound = timing.renew_every * 2 + timing.renew_timeout + POLL;
     eprintln!(
         "flood: {sent} forged notifications in {FLOOD:?} ({rate:.0}/s); {} handovers, median {:?}, \
@@ -110,6 +119,23 @@ async fn a_notify_flood_loses_no_claim_and_stalls_no_handover() {
     let slowest = *handovers.last().unwrap();
     assert!(slowest <= bound, "a handover took {slowest:?} during the flood, past {bound:?}");
     forger.drop_role().await;
+}
+
+/// When the raise to `token` on key 1 entered (a panic naming its answer if it got one instead).
+async fn entered(probe: &Probe, token: u64, raise: &mut JoinHandle<(u16, serde_json::Value)>) -> Instant {
+    let entered = async {
+        while probe.inside(1, token) == 0 {
+            if raise.is_finished() {
+                let (status, problem) = raise.await.unwrap();
+                panic!("the raise to {token} was answered {status} without entering: {problem}");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        Instant::now()
+    };
+    tokio::time::timeout(BOUND, entered)
+        .await
+        .unwrap_or_else(|_| panic!("the raise to {token} never entered"))
 }
 
 /// A role made for one test, with no privilege on any table, that floods the

@@ -22,16 +22,29 @@
 //!   no raise. The second reads, without locks, which asked-for claims are
 //!   live, which were extended (an expiry at or past the first statement's
 //!   start plus the term) and which keys' marks are above the claim.
-//! - **Release**: one statement deleting the row of one grant, and `NOTIFY`,
-//!   within `lock_timeout` and a bounded wait for a pooled connection.
+//! - **Release**: one statement deleting the row of one grant, within
+//!   `lock_timeout` and a bounded wait for a pooled connection. A trigger on
+//!   the claims table (`migrate.rs`) announces every deleted claim row
+//!   (`l <token> <key>`, at commit): a release, an expired row deleted, a row
+//!   deleted by hand. A replica holding the claim hears of it at once, and
+//!   its keeper renews that claim then (finding it gone, it stops the
+//!   claim's requests), not a renewal period later.
 //! - **Read marks**: a raise heard (`NOTIFY` is a hint: any role that can
 //!   connect can send one on the channel, no privilege needed) is checked by
 //!   reading the key's mark on the session.
 //! - **Sweep**: now and then, up to 10,000 expired claims (any replica's) are
 //!   deleted, skipping rows that are locked.
-//! - **Session**: a connection of its own (outside the pool), which `LISTEN`s
-//!   for raises and releases and runs the renewals, reads and sweeps, each
-//!   statement bounded by `statement_timeout` (5 s).
+//! - **Session**: two connections of its own (outside the pool). One runs the
+//!   renewals, reads and sweeps, each statement bounded by
+//!   `statement_timeout` (5 s), and never `LISTEN`s; the keeper's runtime
+//!   drives it. The other `LISTEN`s for raises and releases, driven by a
+//!   thread and runtime of its own (`hints.rs`), which parses what it hears
+//!   into the session's bounded channel. So a flood of forged notifications
+//!   (hundreds of thousands a second) never queues ahead of a renewal's reply
+//!   and never takes the keeper's thread: it costs hints (raises fall back
+//!   to their 100 ms poll and the renewals' reports), never renewals or
+//!   grants. When either connection ends, the hint thread ends, the channel
+//!   closes, and the keeper opens a new session.
 //!
 //! Every wait on a lock is bounded by `lock_timeout` (1 s); running out means
 //! "look again later", never "held". Nothing stays open between statements, so

@@ -69,10 +69,15 @@ impl Engine for Pg {
     /// No more sessions of the replica than its pool and its two background
     /// connections (renewals, hints), and none waiting on a lock for a client that left.
     async fn after_storm(&self, name: &str) {
-        let sql = "SELECT count(*), count(*) FILTER (WHERE wait_event_type = 'Lock') FROM pg_stat_activity WHERE application_name = $1";
+        let sql = "SELECT count(*), count(*) FILTER (WHERE wait_event_type = 'Lock'),
+                          string_agg(pid || ' ' || state || ' since ' || backend_start::time || ': ' || left(query, 40), '; ')
+                   FROM pg_stat_activity WHERE application_name = $1";
         let row = self.admin.query_one(sql, &[&name]).await.unwrap();
-        let (sessions, waiting): (i64, i64) = (row.get(0), row.get(1));
-        assert!(sessions <= POOL as i64 + 2, "{sessions} sessions of a replica with a pool of {POOL}");
+        let (sessions, waiting, which): (i64, i64, Option<String>) = (row.get(0), row.get(1), row.get(2));
+        assert!(
+            sessions <= POOL as i64 + 2,
+            "{sessions} sessions of a replica with a pool of {POOL}: {which:?}"
+        );
         assert_eq!(waiting, 0, "sessions still wait on locks for clients that left");
     }
 }

@@ -1,6 +1,7 @@
 //! Replica claims when PostgreSQL sessions die in ways only PostgreSQL has: a
-//! terminated session, one of its two background connections ended, a restarted server, the database down; and the two ways
-//! of fencing refusing each other's keys. (A handler longer than the term, a
+//! terminated session, one of its two background connections ended, a
+//! restarted server, the database down; and the two ways of fencing refusing
+//! each other's keys. (A handler longer than the term, a
 //! stalled route, a lost connection and a raise storm are in the conformance
 //! suite every engine runs: `conformance.rs`.) Each replica is a real axum
 //! server; one probe records every handler's entry and exit in one order, and

@@ -175,7 +175,8 @@ impl Forger {
                                FROM generate_series(1, 2000) i";
                     let (until, mut sent) = (Instant::now() + how_long, 0_u64);
                     while Instant::now() < until {
-                        let row = forger.query_one(sql, &[&channel]).await.unwrap();
+                        // The server goes with a test that failed first: stop quietly then.
+                        let Ok(row) = forger.query_one(sql, &[&channel]).await else { break };
                         sent += row.get::<_, i64>(0) as u64;
                     }
                     sent

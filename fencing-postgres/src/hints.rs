@@ -115,6 +115,9 @@ async fn forward(mut connection: Connection<Socket, NoTlsStream>, sender: broadc
         Poll::Pending
     })
     .await;
+    // The session ends first: a log output that blocks this thread (a full
+    // pipe, say) must not keep the keeper on a session that hears nothing.
+    drop(sender);
     if let Err(error) = ended {
         tracing::warn!(%error, "claims: the hint connection ended");
     }

@@ -49,10 +49,10 @@ const LONG: u64 = 1_000_000;
 const POLL: Duration = Duration::from_millis(100);
 
 /// Three sessions of a role with no privilege on the tables send forged
-/// raises for the keys the replicas hold, as fast as they can, for 5 s,
-/// while two replicas hold claims (a request held inside on each for the
-/// whole flood, longer than a claim is valid unless renewed) and hand key 1
-/// over between them,
+/// raises for the keys the replicas hold, as fast as they can (at least
+/// 50,000 a second, or the test proves nothing), for 5 s, while two replicas
+/// hold claims (a request held inside on each for the whole flood, longer
+/// than a claim is valid unless renewed) and hand key 1 over between them,
 /// token by token. No claim is lost (no 503), and every handover (from the
 /// holder's exit to the next token's entry) completes within the bound the
 /// docs give a raise nobody hears of: the holder's keeper finds the raise
@@ -114,7 +114,7 @@ async fn a_notify_flood_loses_no_claim_and_stalls_no_handover() {
         handovers[handovers.len() / 2],
         handovers.last().unwrap(),
     );
-    assert!(rate > 20_000.0, "the flood sent only {rate:.0} notifications a second: it proves nothing");
+    assert!(rate > 50_000.0, "the flood sent only {rate:.0} notifications a second: it proves nothing");
     assert!(handovers.len() >= 3, "only {} handovers in the flood", handovers.len());
     let slowest = *handovers.last().unwrap();
     assert!(slowest <= bound, "a handover took {slowest:?} during the flood, past {bound:?}");
@@ -162,7 +162,7 @@ impl Forger {
 
     /// `sessions` sessions of the role send forged raises (tokens far above
     /// any held, for keys 1 to 3) as fast as they can for `how_long`: how many.
-    fn flood(&self, sessions: usize, how_long: Duration) -> tokio::task::JoinHandle<u64> {
+    fn flood(&self, sessions: usize, how_long: Duration) -> JoinHandle<u64> {
         let channel = PgFence::new().claims_channel().to_owned();
         let floods: Vec<_> = (0..sessions)
             .map(|_| {
@@ -207,7 +207,7 @@ impl Forger {
 /// The slowest renewal replicas report while they are watched (sampled every 10 ms).
 struct Renewals {
     stop: tokio::sync::oneshot::Sender<()>,
-    slowest: tokio::task::JoinHandle<Duration>,
+    slowest: JoinHandle<Duration>,
 }
 
 impl Renewals {

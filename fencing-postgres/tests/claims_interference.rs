@@ -93,6 +93,7 @@ async fn a_notify_flood_loses_no_claim_and_stalls_no_handover() {
         (holder, token) = (raise, next);
     }
     let sent = flood.await.unwrap();
+    let backlog = forger.queue_usage().await;
     let slowest_renewal = renewals.stop().await;
     probe.release(token);
     assert_eq!(holder.await.unwrap().0, 200);
@@ -109,10 +110,12 @@ async fn a_notify_flood_loses_no_claim_and_stalls_no_handover() {
     let bound = timing.renew_every * 2 + timing.renew_timeout + POLL;
     eprintln!(
         "flood: {sent} forged notifications in {FLOOD:?} ({rate:.0}/s); {} handovers, median {:?}, \
-         slowest {:?} (bound {bound:?}); slowest renewal seen {slowest_renewal:?}",
+         slowest {:?} (bound {bound:?}); slowest renewal seen {slowest_renewal:?}; the server's \
+         notification queue {:.4} % full at the end",
         handovers.len(),
         handovers[handovers.len() / 2],
         handovers.last().unwrap(),
+        backlog * 100.0,
     );
     assert!(rate > 50_000.0, "the flood sent only {rate:.0} notifications a second: it proves nothing");
     assert!(handovers.len() >= 3, "only {} handovers in the flood", handovers.len());
@@ -190,6 +193,11 @@ impl Forger {
             }
             sent
         })
+    }
+
+    /// How full the server's notification queue is (0 to 1): what listeners have not read yet.
+    async fn queue_usage(&self) -> f64 {
+        self.admin.query_one("SELECT pg_notification_queue_usage()", &[]).await.unwrap().get(0)
     }
 
     async fn drop_role(self) {

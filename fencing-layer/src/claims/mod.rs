@@ -211,8 +211,13 @@ pub(crate) struct Inner {
     grants: AtomicU64,
     /// This process's monotonic clock, from when the store was made.
     epoch: Instant,
-    /// Wakes the keeper: a claim was installed, its deadline must be armed.
+    /// Wakes the keeper: a claim was installed whose deadline comes before
+    /// the one the keeper sleeps until.
     rearm: Arc<Notify>,
+    /// The deadline the keeper sleeps until (`u64::MAX` while it looks for
+    /// the soonest, or has none): an install wakes it only for a sooner one,
+    /// so taking claims never has the keeper scan every claim per grant.
+    armed: AtomicU64,
     /// The keeper has a background session that renews: grants go out only then.
     session_up: AtomicBool,
     /// Told whenever `session_up` changes.
@@ -266,6 +271,7 @@ impl ClaimStore {
             grants: AtomicU64::new(0),
             epoch: Instant::now(),
             rearm: Arc::new(Notify::new()),
+            armed: AtomicU64::new(u64::MAX),
             session_up: AtomicBool::new(false),
             session_changed: Notify::new(),
             last_renewal: Mutex::new(None),
@@ -535,8 +541,11 @@ impl Inner {
                 claim
             }
         };
-        // The keeper sleeps until the soonest deadline it knew: this one may be sooner.
-        self.rearm.notify_one();
+        // The keeper sleeps until the soonest deadline it knew (or is looking
+        // for it): this one may be sooner.
+        if deadline <= self.armed.load(Ordering::SeqCst) {
+            self.rearm.notify_one();
+        }
         Ok(claim.try_enter(self.now()))
     }
 

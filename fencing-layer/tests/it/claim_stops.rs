@@ -77,6 +77,8 @@ impl ClaimRenewer for Blocking {
 /// request must stop itself at the deadline: 503 `claim-lost`, no effect
 /// after the deadline (10 ms of polling slack, and 50 ms of scheduling).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// The guard is the switch that keeps the keeper stuck: held across the test on purpose.
+#[allow(clippy::await_holding_lock)]
 async fn a_yielding_handler_is_stopped_at_its_deadline_while_the_keeper_is_stuck() {
     let engine = StuckKeeper::default();
     let stuck = engine.stuck.lock().unwrap();

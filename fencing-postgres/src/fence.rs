@@ -137,6 +137,13 @@ impl Fenced {
 
 /// What fenced a key's mark row first: its way, kept so that the two ways never mix silently.
 pub(crate) const WAY_TRANSACTION: &str = "tx";
+
+/// Above this share of the server's notification queue in use, raises and
+/// releases announce nothing: notifications are hints, and a queue filled by
+/// a flood of forged ones (nobody reads them fast enough) would otherwise
+/// make every transaction that notifies fail at commit, grants included.
+/// Replicas then learn of raises by their renewals and waiting raises poll.
+pub(crate) const NOTIFY_QUEUE_LIMIT: &str = "0.5";
 pub(crate) const WAY_CLAIMS: &str = "claims";
 
 impl Default for PgFence {
@@ -230,7 +237,8 @@ impl PgFence {
                      WHERE m.mark < EXCLUDED.mark AND m.way IS DISTINCT FROM '{WAY_TRANSACTION}'
                      RETURNING key
                  )
-                 SELECT pg_notify('{channel}', 'r ' || ($2::numeric + {OFFSET})::text || ' ' || $1) FROM raised"
+                 SELECT pg_notify('{channel}', 'r ' || ($2::numeric + {OFFSET})::text || ' ' || $1) FROM raised
+                 WHERE pg_notification_queue_usage() < {NOTIFY_QUEUE_LIMIT}"
             ),
             lock_mark: format!("SELECT (mark - {OFFSET})::int8, way FROM {quoted} WHERE key = $1 FOR NO KEY UPDATE"),
             lock_lower: format!(

@@ -16,6 +16,7 @@ use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 
 use crate::error::FenceError;
+use crate::fence::NOTIFY_QUEUE_LIMIT;
 
 /// How long a change of the schema waits for its table lock. While it waits,
 /// every replica's renewals and grants on that table queue behind it, so it is
@@ -120,7 +121,9 @@ impl Migration {
                  IF NOT {has_trigger} THEN
                      CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $announce$
                      BEGIN
-                         PERFORM pg_notify(TG_ARGV[0], 'l ' || OLD.token::text || ' ' || OLD.key);
+                         IF pg_notification_queue_usage() < {NOTIFY_QUEUE_LIMIT} THEN
+                             PERFORM pg_notify(TG_ARGV[0], 'l ' || OLD.token::text || ' ' || OLD.key);
+                         END IF;
                          RETURN NULL;
                      END $announce$;
                      BEGIN

@@ -75,6 +75,7 @@ mod backend;
 mod error;
 mod layout;
 mod lease;
+mod members;
 mod session;
 
 use std::sync::Arc;
@@ -89,6 +90,7 @@ use fencing_layer::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedS
 use crate::backend::EtcdClaims;
 use crate::layout::{Layout, MAX_KEY_BYTES};
 use crate::lease::ReplicaLease;
+use crate::members::Members;
 
 /// The claims' term unless told otherwise: 4 s, one less than
 /// [`fencing_layer::claims::DEFAULT_TERM`], because etcd deletes an expired
@@ -96,6 +98,11 @@ use crate::lease::ReplicaLease;
 /// a second). So a dead replica's claims are gone within the layer's default
 /// 5 s drain bound, and a raise waiting that long gets in.
 pub const DEFAULT_TERM: Duration = Duration::from_secs(4);
+
+/// A member's patience is `renew_timeout` divided by this: a renewal (a
+/// keepalive, then reads) can wait that long on a silent member, move on, and
+/// still be answered within its bound.
+const PATIENCE_SHARES: u32 = 4;
 
 /// The layer's marks in etcd: give it to
 /// [`FencingLayer::shared_store`](fencing_layer::FencingLayer::shared_store)
@@ -124,25 +131,51 @@ pub fn connect_options() -> ConnectOptions {
         .with_timeout(Duration::from_secs(5))
 }
 
+/// One client per endpoint, each made with `options` (lazily: a member out of
+/// reach shows when it is asked): what [`EtcdSharedStore::with_members`] takes,
+/// so that a member that stalls is passed over rather than waited for.
+///
+/// # Errors
+///
+/// An endpoint that is not a URL.
+pub async fn member_clients<E: AsRef<str>>(
+    endpoints: impl IntoIterator<Item = E>,
+    options: ConnectOptions,
+) -> Result<Vec<Client>, etcd_client::Error> {
+    let mut clients = Vec::new();
+    for endpoint in endpoints {
+        clients.push(Client::connect([endpoint], Some(options.clone())).await?);
+    }
+    Ok(clients)
+}
+
 impl EtcdSharedStore {
-    /// Connects to `endpoints` with [`connect_options`] (lazily: an
-    /// unreachable etcd shows in [`ready`](Self::ready)), marks and claims
-    /// under `prefix`, with claims of [`DEFAULT_TERM`].
+    /// Connects to `endpoints`, one client each with [`connect_options`]
+    /// (lazily: an unreachable etcd shows in [`ready`](Self::ready)), marks and
+    /// claims under `prefix`, with claims of [`DEFAULT_TERM`].
     ///
     /// # Errors
     ///
-    /// An endpoint that is not a URL.
+    /// An endpoint that is not a URL, or none.
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
         endpoints: S,
         prefix: impl Into<String>,
     ) -> Result<Self, etcd_client::Error> {
-        let client = Client::connect(endpoints, Some(connect_options())).await?;
-        Ok(Self::new(client, prefix))
+        let clients = member_clients(endpoints.as_ref(), connect_options()).await?;
+        if clients.is_empty() {
+            return Err(etcd_client::Error::InvalidArgs("no etcd endpoint".into()));
+        }
+        let timing = ClaimTiming::for_term(DEFAULT_TERM);
+        Ok(Self::with_members(clients, prefix, timing).expect("the default timing is safe"))
     }
 
     /// Marks and claims under `prefix` (every replica must use the same), through
     /// `client` (made with [`connect_options`], or options that keep `require_leader`),
     /// with claims of [`DEFAULT_TERM`].
+    ///
+    /// One client balances over its endpoints and cannot be told to pass over
+    /// a member that stalls: prefer [`with_members`](Self::with_members) (or
+    /// [`connect`](Self::connect)) with a cluster of several members.
     #[must_use]
     pub fn new(client: Client, prefix: impl Into<String>) -> Self {
         let timing = ClaimTiming::for_term(DEFAULT_TERM);
@@ -160,21 +193,37 @@ impl EtcdSharedStore {
         prefix: impl Into<String>,
         timing: ClaimTiming,
     ) -> Result<Self, ClaimTimingError> {
-        timing.check()?;
-        Ok(Self::build(client, prefix.into(), timing, |backend| {
-            ClaimStore::with_timing(backend, timing).expect("checked above")
-        }))
+        Self::with_members(vec![client], prefix, timing)
     }
 
-    fn build(
-        client: Client,
-        prefix: String,
+    /// Marks and claims under `prefix`, with `timing`, through `clients`: one
+    /// per member of the cluster ([`member_clients`]), each made with
+    /// [`connect_options`] or options that keep `require_leader`. Each request
+    /// goes to the member that answered last; one that has not answered
+    /// within a quarter of `renew_timeout`, or says it cannot serve (no
+    /// leader, unreachable), has the next member asked too, and the first
+    /// answer wins: a stalled member holds up no renewal and no grant while
+    /// the others serve.
+    ///
+    /// # Errors
+    ///
+    /// A timing that cannot keep claims safely ([`ClaimTiming::check`]).
+    ///
+    /// # Panics
+    ///
+    /// `clients` is empty.
+    pub fn with_members(
+        clients: Vec<Client>,
+        prefix: impl Into<String>,
         timing: ClaimTiming,
-        store: impl FnOnce(EtcdClaims) -> ClaimStore,
-    ) -> Self {
-        let lease = Arc::new(ReplicaLease::new(client.clone(), timing.term));
-        let backend = EtcdClaims { client, layout: Arc::new(Layout::new(prefix.clone())), lease };
-        Self { claims: store(backend), prefix: prefix.into() }
+    ) -> Result<Self, ClaimTimingError> {
+        timing.check()?;
+        let members = Arc::new(Members::new(clients, timing.renew_timeout / PATIENCE_SHARES));
+        let prefix = prefix.into();
+        let lease = Arc::new(ReplicaLease::new(Arc::clone(&members), timing.term));
+        let backend = EtcdClaims { members, layout: Arc::new(Layout::new(prefix.clone())), lease };
+        let claims = ClaimStore::with_timing(backend, timing).expect("checked above");
+        Ok(Self { claims, prefix: prefix.into() })
     }
 
     /// At most `limit` keys claimed by this replica at once ([`ClaimStore::max_keys`]).

@@ -11,3 +11,10 @@ use std::time::Duration;
 
 /// The longest any single wait of these tests may take.
 pub(crate) const BOUND: Duration = Duration::from_secs(20);
+
+/// One scenario at a time: each starts a cluster of its own, and on two cores
+/// two of them at once would measure each other, not their faults.
+pub(crate) async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}

@@ -60,6 +60,12 @@ impl Engine for EtcdEngine {
         let found = self.admin.clone().get(format!("{PREFIX}c/{key}\0"), Some(options)).await.unwrap();
         usize::try_from(found.count()).unwrap()
     }
+
+    async fn all_claims(&self) -> usize {
+        let options = GetOptions::new().with_prefix().with_count_only();
+        let found = self.admin.clone().get(format!("{PREFIX}c/"), Some(options)).await.unwrap();
+        usize::try_from(found.count()).unwrap()
+    }
 }
 
 shared_store_conformance!(EtcdEngine);

@@ -66,6 +66,12 @@ impl Engine for Pg {
         rows as usize
     }
 
+    async fn all_claims(&self) -> usize {
+        let rows: i64 =
+            self.admin.query_one("SELECT count(*) FROM fencing_marks_claims", &[]).await.unwrap().get(0);
+        rows as usize
+    }
+
     /// No more sessions of the replica than its pool and its one background
     /// session, and none waiting on a lock for a client that left.
     async fn after_storm(&self, name: &str) {

@@ -12,7 +12,8 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::claim::State;
-use super::{ClaimReply, ClaimRequest, Entered, Inner, POLL};
+use super::room::Room;
+use super::{ClaimReply, ClaimRequest, Entered, Inner, KeyTableFull, POLL};
 use crate::store::{SharedPermit, SharedRefusal, StoreError};
 
 /// What this replica can tell about a token without the backend.
@@ -53,7 +54,7 @@ pub(super) async fn admit(
             pause(woken, deadline.min(Instant::now() + POLL)).await;
             continue;
         };
-        let (reply, grant, sent) = claim(&inner, &key, token, deadline).await?;
+        let (reply, grant, sent, mut room) = claim(&inner, &key, token, deadline).await?;
         match reply {
             ClaimReply::Stale { mark } => {
                 inner.raised(&key, mark);
@@ -63,10 +64,15 @@ pub(super) async fn admit(
             ClaimReply::Granted { raised: now_raised } => {
                 raised |= now_raised;
                 inner.note_mark(&key, token);
-                if let Some(entered) = inner.install(&key, token, grant, sent) {
-                    return admitted(entered, raised, waited);
+                match inner.install(&key, token, grant, sent, &mut room) {
+                    Ok(Some(entered)) => return admitted(entered, raised, waited),
+                    // Revoked the instant it was installed (a deadline already past): claim again.
+                    Ok(None) => {}
+                    Err(KeyTableFull) => {
+                        inner.release(&key, token, grant);
+                        return Err(key_table_full(&inner));
+                    }
                 }
-                // Revoked the instant it was installed (a deadline already past): claim again.
             }
             ClaimReply::Wait { raised: now_raised, soonest } => {
                 raised |= now_raised;
@@ -91,18 +97,16 @@ pub(super) async fn admit(
 }
 
 /// Asks the database for `key`'s claim at `token`, as this replica's one claimer of
-/// them: if the key has room, once a session can renew the claim (a claim nobody
-/// can renew would only lapse). The reply, with the grant asked for and when.
+/// them: if the key has room (taken now, before the round trip), once a session
+/// can renew the claim (a claim nobody can renew would only lapse). The reply,
+/// with the grant asked for, when, and the room it holds.
 async fn claim(
     inner: &Arc<Inner>,
     key: &str,
     token: u64,
     deadline: Instant,
-) -> Result<(ClaimReply, u64, u64), SharedRefusal> {
-    if !inner.has_room_for(key) {
-        let limit = inner.max_claims.load(std::sync::atomic::Ordering::Relaxed);
-        return Err(SharedRefusal::Unavailable(StoreError::KeyTableFull { limit }));
-    }
+) -> Result<(ClaimReply, u64, u64, Room), SharedRefusal> {
+    let Some(room) = inner.reserve(key) else { return Err(key_table_full(inner)) };
     let left = deadline.saturating_duration_since(Instant::now());
     let timing = inner.timing;
     inner
@@ -111,8 +115,14 @@ async fn claim(
         .map_err(SharedRefusal::Unavailable)?;
     let grant = inner.next_grant();
     let sent = inner.now();
-    let reply = ask(inner, key, token, grant).await.map_err(SharedRefusal::Unavailable)?;
-    Ok((reply, grant, sent))
+    let (reply, room) = ask(inner, key, token, grant, room).await;
+    Ok((reply.map_err(SharedRefusal::Unavailable)?, grant, sent, room))
+}
+
+/// 503: `max_keys` keys are held or on their way.
+fn key_table_full(inner: &Inner) -> SharedRefusal {
+    let limit = inner.max_claims.load(std::sync::atomic::Ordering::Relaxed);
+    SharedRefusal::Unavailable(StoreError::KeyTableFull { limit })
 }
 
 /// Until `woken` (a release or a raise of the key was heard) or `until`.
@@ -125,20 +135,28 @@ async fn pause(woken: OwnedNotified, until: Instant) {
 
 /// Sends the claim on a task of its own, so that a grant whose request went
 /// away meanwhile (its client left, its future was dropped) is released at
-/// once rather than blocking raises until it expires.
-async fn ask(inner: &Arc<Inner>, key: &str, token: u64, grant: u64) -> Result<ClaimReply, StoreError> {
+/// once rather than blocking raises until it expires. The task holds the
+/// key's room until then: an abandoned grant still counts against `max_keys`.
+async fn ask(
+    inner: &Arc<Inner>,
+    key: &str,
+    token: u64,
+    grant: u64,
+    room: Room,
+) -> (Result<ClaimReply, StoreError>, Room) {
     let request = ClaimRequest { replica: &inner.replica, key, token, term: inner.timing.term, grant };
     let reply = inner.backend.claim(request);
     let (sender, receiver) = oneshot::channel();
     let (backend, replica, key) = (Arc::clone(&inner.backend), inner.replica.clone(), key.to_owned());
     tokio::spawn(async move {
-        if let Err(Ok(ClaimReply::Granted { .. })) = sender.send(reply.await)
+        if let Err((Ok(ClaimReply::Granted { .. }), _room)) = sender.send((reply.await, room))
             && let Err(error) = backend.release(&replica, &key, grant).await
         {
             tracing::debug!(key, token, %error, "an abandoned grant's release failed; it will expire");
         }
     });
-    receiver.await.unwrap_or(Err(StoreError::Closed))
+    // The task ends only by sending, or by its runtime shutting down (then nothing was granted here).
+    receiver.await.unwrap_or_else(|_| (Err(StoreError::Closed), Room::within_key()))
 }
 
 /// This replica's claim of `(key, token)` in flight; when it ends, however it

@@ -1,15 +1,23 @@
 //! One claim as this replica holds it: its key and token, its atomics
 //! (`cell.rs`: who is inside, how long it is valid, its state), and the
 //! wake-up that stops the requests inside when it is lost.
+//!
+//! Two stops, independent of each other: the keeper revokes the claim at its
+//! deadline (on a thread of its own), and each request inside checks the
+//! deadline itself at every poll, with a timer armed for it on the
+//! application's runtime. Whichever comes first revokes the claim for all of
+//! its requests; a stuck keeper leaves the second.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use pin_project_lite::pin_project;
 use tokio::sync::Notify;
 use tokio::sync::futures::OwnedNotified;
+use tokio::time::Sleep;
 
 use super::Inner;
 pub(super) use super::cell::State;
@@ -21,12 +29,26 @@ pub(super) struct Claim {
     pub(super) token: u64,
     cell: ClaimCell,
     lost: Arc<Notify>,
+    /// The store's clock's zero: deadlines are nanoseconds after it.
+    epoch: Instant,
     store: Weak<Inner>,
 }
 
 impl Claim {
-    pub(super) fn new(key: String, token: u64, grant: u64, deadline: u64, store: Weak<Inner>) -> Self {
-        Self { key, token, cell: ClaimCell::new(grant, deadline), lost: Arc::new(Notify::new()), store }
+    pub(super) fn new(key: String, token: u64, grant: u64, deadline: u64, store: &Arc<Inner>) -> Self {
+        let cell = ClaimCell::new(grant, deadline);
+        let (lost, epoch, store) = (Arc::new(Notify::new()), store.epoch, Arc::downgrade(store));
+        Self { key, token, cell, lost, epoch, store }
+    }
+
+    /// Nanoseconds since the store's clock's zero, as the store counts them.
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// When the deadline passes, on tokio's clock.
+    fn deadline_instant(&self) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.epoch) + Duration::from_nanos(self.deadline())
     }
 
     pub(super) fn state(&self) -> State {
@@ -69,7 +91,9 @@ impl Claim {
         // (`notify_waiters` wakes every `Notified` created before it, polled or not).
         let lost = Arc::clone(&self.lost).notified_owned();
         match self.cell.try_enter(now) {
-            Ok(()) => Some(Box::pin(Entered { claim: Arc::clone(self), lost })),
+            Ok(()) => {
+                Some(Box::pin(Entered { claim: Arc::clone(self), lost, timer: None, step: Duration::ZERO }))
+            }
             Err(then) => {
                 self.then(then);
                 None
@@ -88,13 +112,15 @@ impl Claim {
         self.then(self.cell.release_if_idle());
     }
 
-    /// The claim may no longer be relied on: stop everyone inside.
-    pub(super) fn revoke(&self) {
+    /// The claim may no longer be relied on: stop everyone inside. Whether
+    /// this call revoked it (false: it was revoked already).
+    pub(super) fn revoke(&self) -> bool {
         let (first, then) = self.cell.revoke();
         if first {
             self.lost.notify_waiters();
         }
         self.then(then);
+        first
     }
 
     fn then(&self, then: Then) {
@@ -114,11 +140,16 @@ impl Claim {
 
 pin_project! {
     /// A request inside under a claim: leaves when dropped. Boxed once, as the
-    /// store's [`ClaimedPlace`], with its wake-up inside the box.
+    /// store's [`ClaimedPlace`], with its wake-up and its timer inside the box.
     pub(crate) struct Entered {
         claim: Arc<Claim>,
         #[pin]
         lost: OwnedNotified,
+        // Armed at the claim's deadline on the first poll, moved when a renewal extends it.
+        #[pin]
+        timer: Option<Sleep>,
+        // How far a timer that fired early (tokio's wheel ahead of the clock) is pushed, doubling.
+        step: Duration,
     }
 
     impl PinnedDrop for Entered {
@@ -128,23 +159,57 @@ pin_project! {
     }
 }
 
+/// The first push of a timer that fired before the clock reached its deadline.
+const EARLY_STEP: Duration = Duration::from_millis(1);
+
 impl ClaimedPlace for Entered {
     fn key(&self) -> &str {
         &self.claim.key
     }
 
-    /// Ready once the claim is lost.
+    /// Ready once the claim is lost, or its deadline has passed: then this
+    /// request revokes the claim itself (the second stop; the keeper may be
+    /// late), which stops every other request inside it too.
     fn poll_revoked(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let mut this = self.project();
         loop {
-            if this.lost.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            if this.claim.state() == State::Lost {
+            let held = this.claim.cell.held(this.claim.now());
+            // The mutant leaves a passed deadline to the keeper.
+            let waits_for_keeper = mutant::no_request_deadline() && this.claim.state() != State::Lost;
+            if !held && !waits_for_keeper {
+                if this.claim.revoke()
+                    && let Some(store) = this.claim.store.upgrade()
+                {
+                    store.revocations.by_request();
+                }
                 return Poll::Ready(());
             }
-            // Woken for nothing (no other cause exists today): watch again.
-            this.lost.set(Arc::clone(&this.claim.lost).notified_owned());
+            if this.lost.as_mut().poll(cx).is_ready() {
+                // Woken: `held` above sees a revocation. Watch again.
+                this.lost.set(Arc::clone(&this.claim.lost).notified_owned());
+                continue;
+            }
+            if !held {
+                // The mutant: only the keeper's revocation stops this request.
+                return Poll::Pending;
+            }
+            let at = this.claim.deadline_instant().max(tokio::time::Instant::now() + *this.step);
+            match this.timer.as_mut().as_pin_mut() {
+                Some(timer) if timer.deadline() == at => {}
+                Some(timer) => timer.reset(at),
+                None => this.timer.set(Some(tokio::time::sleep_until(at))),
+            }
+            let Some(timer) = this.timer.as_mut().as_pin_mut() else { unreachable!("set above") };
+            if timer.poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            // Fired: the deadline passed (seen above), or a renewal moved it
+            // later (armed again), or tokio's wheel ran ahead of the clock:
+            // then the timer is pushed past `at`, further each time, so this
+            // loop ends.
+            if this.claim.deadline_instant() <= at {
+                *this.step = (*this.step * 2).max(EARLY_STEP);
+            }
         }
     }
 
@@ -152,7 +217,28 @@ impl ClaimedPlace for Entered {
     /// deadline not passed (a keeper that could not act in time counts too).
     /// A handler that finished when this is false answers 503, not success.
     fn held(&self) -> bool {
-        let now = self.claim.store.upgrade().map_or(u64::MAX, |store| store.now());
-        self.claim.cell.held(now)
+        self.claim.cell.held(self.claim.now())
+    }
+}
+
+/// The mutant switch of the `mutants` feature (tests only): without the
+/// feature, every switch is a constant `false`.
+mod mutant {
+    /// `FENCING_MUTANT=no-request-deadline` (or `no-deadline-revoke`, which
+    /// takes both stops out): a request does not stop itself when it sees its
+    /// claim's deadline pass; only the keeper's revocation stops it.
+    #[cfg(feature = "mutants")]
+    pub(super) fn no_request_deadline() -> bool {
+        static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *ON.get_or_init(|| {
+            std::env::var("FENCING_MUTANT")
+                .is_ok_and(|mutant| mutant == "no-request-deadline" || mutant == "no-deadline-revoke")
+        })
+    }
+
+    #[cfg(not(feature = "mutants"))]
+    #[inline(always)]
+    pub(super) const fn no_request_deadline() -> bool {
+        false
     }
 }

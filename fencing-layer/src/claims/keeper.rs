@@ -14,15 +14,18 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::ops::ControlFlow;
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Notify, broadcast};
 use tokio::time::error::Elapsed;
 use tokio::time::{Instant, MissedTickBehavior};
+use tracing::Dispatch;
 
 use super::claim::{Claim, State};
-use super::{BoxFuture, ClaimEvent, ClaimRenewer, ClaimSession, Inner, Renewal, RenewalReport};
+use super::journal::Handoff;
+use super::{BoxFuture, ClaimEvent, ClaimRenewer, ClaimSession, Inner, POLL, Renewal, RenewalReport};
 use crate::store::StoreError;
 
 /// The first pause before reopening a session that failed; it doubles up to a second.
@@ -49,17 +52,21 @@ pub(super) struct Handle {
 }
 
 impl Handle {
-    /// Starts the keeper of `store` on a thread of its own, or says why it could not.
-    pub(super) fn start(store: Weak<Inner>) -> Option<Self> {
+    /// Starts the keeper of `store` on a thread of its own, or says why it
+    /// could not. Everything logged on that thread goes through a [`Handoff`]
+    /// to the subscriber in force here (the caller's), never waiting for it.
+    pub(super) fn start(store: Weak<Inner>, dropped: Arc<AtomicU64>) -> Option<Self> {
         let (sender, started) = std::sync::mpsc::channel();
+        let application = tracing::dispatcher::get_default(Dispatch::clone);
         let thread = std::thread::Builder::new().name("fencing-claims-keeper".into()).spawn(move || {
             let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
                 Ok(runtime) => runtime,
                 Err(error) => return tracing::error!(%error, "claims: cannot build the keeper's runtime"),
             };
+            let handoff = Handoff::start(application, dropped);
             let task = runtime.spawn(run(store));
             let _ = sender.send(Handle { runtime: runtime.handle().clone(), task: task.abort_handle() });
-            let _ = runtime.block_on(task);
+            let _ = tracing::dispatcher::with_default(&handoff, || runtime.block_on(task));
         });
         if let Err(error) = thread {
             tracing::error!(%error, "claims: cannot start the keeper's thread");
@@ -139,14 +146,23 @@ impl Drop for SessionUp<'_> {
 /// What the session is doing besides waiting.
 #[derive(Default)]
 struct Work {
+    /// The periodic renewal in flight.
     renewal: Option<InFlight>,
+    /// A renewal of the claims on keys a release was heard for, in flight:
+    /// it finds a claim deleted behind this replica's back at once.
+    verify: Option<InFlight>,
+    /// Keys this replica holds a claim on that a release was heard for.
+    to_verify: HashSet<String>,
     /// Keys a raise was heard for, and the read of their marks in flight.
     to_check: HashSet<String>,
     check: Option<Bounded<Vec<(String, u64)>>>,
-    /// Read every claimed key's mark with the next renewal, at once.
-    renew_now: bool,
+    /// Renew every claim and read every claimed key's mark, as soon as the
+    /// last such renewal is a period old.
+    renew_all: bool,
+    last_all: Option<Instant>,
     /// A renewal found rows busy: renew again then, not a whole period later.
     retry_at: Option<Instant>,
+    hints: HintBudget,
 }
 
 /// Runs one session until it breaks (or the store is dropped).
@@ -168,75 +184,118 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
     let mut work = Work::default();
     loop {
         let Some(inner) = store.upgrade() else { return };
-        if work.renew_now && work.renewal.is_none() {
-            work.renew_now = false;
-            work.renewal = Some(renew(&inner, &renewer, true));
-        }
-        if work.check.is_none() && !work.to_check.is_empty() {
-            let keys = work.to_check.drain().collect();
-            work.check = Some(Box::pin(tokio::time::timeout(timing.renew_timeout, renewer.read_marks(keys))));
-        }
+        work.send_what_is_due(&inner, &renewer);
         let deadline = inner.next_deadline();
         drop(inner);
+        let hints_open = work.hints.open();
         tokio::select! {
+            // Deadlines first: a revocation never waits behind anything else.
+            biased;
+            () = sleep_until(deadline) => {
+                let Some(inner) = store.upgrade() else { return };
+                inner.revoke_expired();
+            }
+            () = rearm.notified() => {}
             _ = tick.tick() => {
                 let Some(inner) = store.upgrade() else { return };
                 inner.release_idle();
                 if work.renewal.is_none() {
-                    work.renewal = Some(renew(&inner, &renewer, false));
+                    work.renewal = Some(renew(&inner, &renewer, Which::Due));
                 }
             }
-            replied = async { work.renewal.as_mut().expect("guarded").reply.as_mut().await }, if work.renewal.is_some() => {
-                let InFlight { sent, held, .. } = work.renewal.take().expect("guarded");
+            replied = answer(&mut work.renewal) => {
+                let (sent, held, replied) = replied;
                 let Some(inner) = store.upgrade() else { return };
                 if work.renewed(&inner, sent, &held, replied).is_break() {
                     return;
                 }
             }
-            read = async { work.check.as_mut().expect("guarded").as_mut().await }, if work.check.is_some() => {
-                work.check = None;
+            replied = answer(&mut work.verify) => {
+                let (sent, held, replied) = replied;
+                let Some(inner) = store.upgrade() else { return };
+                if work.renewed(&inner, sent, &held, replied).is_break() {
+                    return;
+                }
+            }
+            read = ready(&mut work.check) => {
                 let Some(inner) = store.upgrade() else { return };
                 if marks_read(&inner, read).is_break() {
                     return;
                 }
             }
-            event = events.recv() => {
+            event = events.recv(), if hints_open => {
                 let Some(inner) = store.upgrade() else { return };
                 if work.heard(&inner, event).is_break() {
                     return;
                 }
             }
+            () = sleep_until(work.hints.reopens()), if !hints_open => {}
             () = sleep_until(work.retry_at), if work.retry_at.is_some() => {
                 work.retry_at = None;
                 let Some(inner) = store.upgrade() else { return };
                 if work.renewal.is_none() {
-                    work.renewal = Some(renew(&inner, &renewer, false));
+                    work.renewal = Some(renew(&inner, &renewer, Which::Due));
                 }
             }
             _ = sweep.tick() => {
                 let Some(inner) = store.upgrade() else { return };
                 inner.sweep(&renewer);
             }
-            () = sleep_until(deadline) => {
-                let Some(inner) = store.upgrade() else { return };
-                inner.revoke_expired();
-            }
-            () = rearm.notified() => {}
         }
     }
 }
+
+/// The reply of the renewal in `slot`, taking it out; pending while there is none.
+async fn answer(slot: &mut Option<InFlight>) -> (u64, Vec<(Arc<Claim>, u64)>, Replied<Renewal>) {
+    let Some(in_flight) = slot.as_mut() else { return std::future::pending().await };
+    let replied = in_flight.reply.as_mut().await;
+    let InFlight { sent, held, .. } = slot.take().unwrap_or_else(|| unreachable!("polled above"));
+    (sent, held, replied)
+}
+
+/// The output of the read in `slot`, taking it out; pending while there is none.
+async fn ready<T>(slot: &mut Option<Bounded<T>>) -> Replied<T> {
+    let Some(read) = slot.as_mut() else { return std::future::pending().await };
+    let replied = read.as_mut().await;
+    *slot = None;
+    replied
+}
+
+/// A bounded call's outcome: its answer, its error, or its bound passed.
+type Replied<T> = Result<Result<T, StoreError>, Elapsed>;
 
 /// Whether the session goes on after what it was told; `Break` when it is broken.
 type Session = ControlFlow<()>;
 
 impl Work {
+    /// Sends what hints asked for, each once at a time: a full renewal (at
+    /// most once a period, however many hints were lost), the renewal of
+    /// claims a release was heard for, the read of marks a raise was heard for.
+    fn send_what_is_due(&mut self, inner: &Arc<Inner>, renewer: &Arc<dyn ClaimRenewer>) {
+        let timing = inner.timing;
+        let period_passed = self.last_all.is_none_or(|last| last.elapsed() >= timing.renew_every);
+        if self.renew_all && self.renewal.is_none() && period_passed {
+            self.renew_all = false;
+            self.last_all = Some(Instant::now());
+            self.renewal = Some(renew(inner, renewer, Which::All));
+        }
+        if self.verify.is_none() && !self.to_verify.is_empty() {
+            let keys = std::mem::take(&mut self.to_verify);
+            self.verify = Some(renew(inner, renewer, Which::Keys(&keys)));
+        }
+        if self.check.is_none() && !self.to_check.is_empty() {
+            let keys = self.to_check.drain().collect();
+            self.check = Some(Box::pin(tokio::time::timeout(timing.renew_timeout, renewer.read_marks(keys))));
+        }
+    }
+
     /// A renewal's reply: extends the claims it covered (a retry soon when rows were busy).
     fn renewed(
         &mut self,
         inner: &Inner,
         sent: u64,
         held: &[(Arc<Claim>, u64)],
-        replied: Result<Result<Renewal, StoreError>, Elapsed>,
+        replied: Replied<Renewal>,
     ) -> Session {
         match replied {
             Ok(Ok(renewal)) => {
@@ -250,25 +309,32 @@ impl Work {
         }
     }
 
-    /// A notification: only a hint. A raise above a claim held here has that key's
-    /// mark read (or, past `MAX_CHECKS` of them, every mark with the next renewal).
+    /// A notification: only a hint, and only [`HintBudget`]'s share of them a
+    /// second. A raise above a claim held here has that key's mark read; a
+    /// release on a key held here has that claim renewed (it may be the
+    /// replica's own claim, deleted by hand); past `MAX_CHECKS` of either,
+    /// everything is renewed and read instead.
     fn heard(&mut self, inner: &Inner, event: Result<ClaimEvent, broadcast::error::RecvError>) -> Session {
+        self.hints.spend();
         match event {
             Ok(ClaimEvent::Raised { key, token }) => {
                 if inner.holds_below(&key, token) {
-                    if self.to_check.len() < MAX_CHECKS {
-                        self.to_check.insert(key.clone());
-                    } else {
-                        self.renew_now = true;
-                    }
+                    self.look_at(&key, Look::Mark);
                 }
                 inner.wake(&key);
             }
-            Ok(ClaimEvent::Released { key, .. }) => inner.wake(&key),
+            Ok(ClaimEvent::Released { key, .. }) => {
+                if inner.holds(&key) {
+                    self.look_at(&key, Look::Claim);
+                }
+                inner.wake(&key);
+            }
             Err(broadcast::error::RecvError::Lagged(missed)) => {
                 tracing::debug!(missed, "claims: notifications came faster than they were heard");
-                self.renew_now = true;
-                inner.wake_all();
+                self.renew_all = true;
+                if self.hints.may_wake_all() {
+                    inner.wake_all();
+                }
             }
             Err(broadcast::error::RecvError::Closed) => {
                 return broken(format_args!("the background session ended"));
@@ -276,10 +342,82 @@ impl Work {
         }
         Session::Continue(())
     }
+
+    fn look_at(&mut self, key: &str, look: Look) {
+        let keys = match look {
+            Look::Mark => &mut self.to_check,
+            Look::Claim => &mut self.to_verify,
+        };
+        if keys.len() < MAX_CHECKS {
+            keys.insert(key.to_owned());
+        } else {
+            self.renew_all = true;
+        }
+    }
+}
+
+/// What a hint makes the keeper look at for a key it holds.
+enum Look {
+    /// The key's mark (a raise was heard).
+    Mark,
+    /// The claim itself (a release was heard).
+    Claim,
+}
+
+/// How many hints the keeper takes a second: whatever arrives past that
+/// waits in the session's channel, whose oldest are dropped when it is full
+/// (the keeper then renews everything once and wakes every waiter, at most
+/// once per [`POLL`]). So a flood costs the keeper a bounded share of its
+/// thread, and raises fall back to their poll; renewals and deadlines go on.
+struct HintBudget {
+    left: u32,
+    window_ends: Instant,
+    last_wake_all: Option<Instant>,
+}
+
+/// Hints taken per window of [`HINT_WINDOW`]: 10,000 a second.
+const HINTS_PER_WINDOW: u32 = 1_000;
+const HINT_WINDOW: Duration = Duration::from_millis(100);
+
+impl Default for HintBudget {
+    fn default() -> Self {
+        Self { left: HINTS_PER_WINDOW, window_ends: Instant::now() + HINT_WINDOW, last_wake_all: None }
+    }
+}
+
+impl HintBudget {
+    /// Whether another hint may be taken now (a new window refills the budget).
+    fn open(&mut self) -> bool {
+        let now = Instant::now();
+        if now >= self.window_ends {
+            self.left = HINTS_PER_WINDOW;
+            self.window_ends = now + HINT_WINDOW;
+        }
+        self.left > 0
+    }
+
+    /// When the budget refills.
+    fn reopens(&self) -> Option<Instant> {
+        Some(self.window_ends)
+    }
+
+    fn spend(&mut self) {
+        self.left = self.left.saturating_sub(1);
+    }
+
+    /// Whether every waiter may be woken now: at most once per [`POLL`].
+    fn may_wake_all(&mut self) -> bool {
+        let now = Instant::now();
+        let may = self.last_wake_all.is_none_or(|last| now.duration_since(last) >= POLL);
+        if may {
+            self.last_wake_all = Some(now);
+        }
+        may
+    }
 }
 
 /// The marks read for keys a raise was heard for: the table's mark is what acts.
-fn marks_read(inner: &Inner, read: Result<Result<Vec<(String, u64)>, StoreError>, Elapsed>) -> Session {
+fn marks_read(inner: &Inner, read: Replied<Vec<(String, u64)>>) -> Session {
     match read {
         Ok(Ok(marks)) => {
             marks.into_iter().for_each(|(key, mark)| inner.read_mark(&key, mark));
@@ -296,18 +434,33 @@ fn broken(why: std::fmt::Arguments<'_>) -> Session {
     Session::Break(())
 }
 
-/// Renews the claims that need it: those whose deadline would come before
-/// the renewal after next could be answered (so one renewal may fail and the
-/// next still lands in time), not every claim at every tick. With the default
-/// timing a claim is renewed about every other period.
-fn renew(inner: &Arc<Inner>, renewer: &Arc<dyn ClaimRenewer>, all: bool) -> InFlight {
+/// Which claims a renewal carries.
+enum Which<'a> {
+    /// Those whose deadline would come before the renewal after next could be
+    /// answered (so one renewal may fail and the next still lands in time),
+    /// not every claim at every tick: with the default timing a claim is
+    /// renewed about every other period.
+    Due,
+    /// Every claim, and every claimed key's mark read.
+    All,
+    /// The claims on these keys.
+    Keys(&'a HashSet<String>),
+}
+
+/// Sends a renewal of the claims `which` names, bounded by `renew_timeout`.
+fn renew(inner: &Arc<Inner>, renewer: &Arc<dyn ClaimRenewer>, which: Which<'_>) -> InFlight {
     let timing = inner.timing;
     let soon = u64::try_from((timing.renew_every * 2 + timing.renew_timeout).as_nanos()).unwrap_or(u64::MAX);
     let horizon = inner.now().saturating_add(soon);
+    let wanted = |claim: &Claim| match &which {
+        Which::Due => claim.deadline() <= horizon,
+        Which::All => true,
+        Which::Keys(keys) => keys.contains(&claim.key),
+    };
     let held: Vec<(Arc<Claim>, u64)> = inner
         .claims
         .iter()
-        .filter(|claim| claim.state().may_have_inside() && (all || claim.deadline() <= horizon))
+        .filter(|claim| claim.state().may_have_inside() && wanted(claim))
         .map(|claim| (Arc::clone(&claim), claim.grant()))
         .collect();
     let asked = held.iter().map(|(claim, grant)| (claim.key.clone(), *grant)).collect();
@@ -326,7 +479,7 @@ async fn sleep_until(deadline: Option<Instant>) {
 impl State {
     /// A claim in this state may still have requests inside that rely on it:
     /// it is renewed, and revoked at its deadline.
-    fn may_have_inside(self) -> bool {
+    pub(super) fn may_have_inside(self) -> bool {
         matches!(self, State::Valid | State::Overtaken | State::Releasing)
     }
 }
@@ -346,7 +499,8 @@ impl Inner {
         Some(Instant::from_std(self.epoch) + Duration::from_nanos(soonest))
     }
 
-    /// Revokes every claim whose deadline has passed: its requests are stopped.
+    /// Revokes every claim whose deadline has passed, all of them before
+    /// anything is logged: their requests are stopped. Then one line for all.
     fn revoke_expired(&self) {
         if mutant::no_deadline_revoke() {
             return;
@@ -359,14 +513,21 @@ impl Inner {
             .map(|claim| Arc::clone(&claim))
             .collect();
         // Revoked outside the map's guards: a release started here takes them again.
-        for claim in expired {
+        let mut stopped = Stopped::default();
+        for claim in &expired {
+            if claim.revoke() {
+                stopped.count(claim, now);
+            }
+        }
+        self.revocations.at_deadline(stopped.claims, stopped.latest_late);
+        if stopped.claims > 0 {
             tracing::warn!(
-                key = claim.key,
-                token = claim.token,
-                inside = claim.inside(),
-                "claims: a claim was not renewed in time; stopping its requests"
+                claims = stopped.claims,
+                inside = stopped.inside,
+                key = stopped.example,
+                late_ms = stopped.latest_late.as_millis(),
+                "claims: claims not renewed in time were revoked; their requests were stopped"
             );
-            claim.revoke();
         }
     }
 
@@ -382,15 +543,18 @@ impl Inner {
     }
 
     /// A renewal sent at `sent` for `held` came back with `renewal`: true if
-    /// some claims' rows were busy (and were not renewed).
+    /// some claims' rows were busy (and were not renewed). Claims found gone
+    /// are revoked before anything is logged.
     fn renewed(&self, sent: u64, held: &[(Arc<Claim>, u64)], renewal: Renewal) -> bool {
         let deadline = self.deadline_from(sent);
-        let took = Duration::from_nanos(self.now().saturating_sub(sent));
+        let now = self.now();
+        let took = Duration::from_nanos(now.saturating_sub(sent));
         let report = RenewalReport { took, claims: held.len(), extended: renewal.extended.len() };
         *self.last_renewal.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(report);
         let extended: HashSet<u64> = renewal.extended.into_iter().collect();
         let busy: HashSet<u64> = renewal.busy.into_iter().collect();
         let raised: HashMap<u64, u64> = renewal.raised.into_iter().collect();
+        let mut gone = Stopped::default();
         for (claim, grant) in held {
             if let Some(&mark) = raised.get(grant).filter(|&&mark| mark > claim.token) {
                 self.raised(&claim.key, mark);
@@ -399,21 +563,23 @@ impl Inner {
                 claim.renewed(*grant, deadline);
             } else if busy.contains(grant) {
                 // Live, but its row was locked by someone else: it keeps the deadline it has.
-                tracing::debug!(
-                    key = claim.key,
-                    token = claim.token,
-                    "claims: a claim's row was busy; renewed next time"
-                );
-            } else if claim.grant() == *grant && claim.state().may_have_inside() {
-                // Gone from the backend (expired, then deleted by a raise) and
-                // not replaced by a newer grant meanwhile: stop it.
-                tracing::warn!(
-                    key = claim.key,
-                    token = claim.token,
-                    "claims: a renewal found the claim gone"
-                );
-                claim.revoke();
+            } else if claim.grant() == *grant && claim.state().may_have_inside() && claim.revoke() {
+                // Gone from the backend (expired, then deleted by a raise; or
+                // deleted by hand) and not replaced by a newer grant meanwhile.
+                gone.count(claim, now);
             }
+        }
+        self.revocations.found_gone(gone.claims);
+        if gone.claims > 0 {
+            tracing::warn!(
+                claims = gone.claims,
+                inside = gone.inside,
+                key = gone.example,
+                "claims: a renewal found claims gone from the backend; their requests were stopped"
+            );
+        }
+        if !busy.is_empty() {
+            tracing::debug!(claims = busy.len(), "claims: rows were busy; renewed again shortly");
         }
         !busy.is_empty()
     }
@@ -438,6 +604,28 @@ impl Inner {
                 Err(_) => tracing::debug!("claims: sweeping expired claims timed out"),
             }
         });
+    }
+}
+
+/// Claims one pass revoked, summed up for one log line.
+#[derive(Default)]
+struct Stopped {
+    claims: u64,
+    inside: u64,
+    /// One of the keys, for the log line.
+    example: Option<String>,
+    /// How long after its deadline the latest of them was revoked.
+    latest_late: Duration,
+}
+
+impl Stopped {
+    fn count(&mut self, claim: &Claim, now: u64) {
+        self.claims += 1;
+        self.inside += claim.inside();
+        self.latest_late = self.latest_late.max(Duration::from_nanos(now.saturating_sub(claim.deadline())));
+        if self.example.is_none() {
+            self.example = Some(claim.key.clone());
+        }
     }
 }
 

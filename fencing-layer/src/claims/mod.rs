@@ -136,9 +136,12 @@ mod admit;
 mod backend;
 mod cell;
 mod claim;
+mod journal;
 mod keeper;
 #[cfg(all(test, loom))]
 mod loom_model;
+mod revocations;
+mod room;
 mod timing;
 
 use std::collections::HashSet;
@@ -157,6 +160,8 @@ pub use self::backend::{
 /// A request inside under a claim, as the store's permit holds it.
 pub(crate) type Entered = Pin<Box<self::claim::Entered>>;
 use self::claim::{Claim, State};
+pub use self::revocations::Revocations;
+use self::room::Room;
 pub use self::timing::{
     ClaimTiming, ClaimTimingError, DEFAULT_MARGIN_FRACTION, DEFAULT_RENEWALS_PER_TERM, DEFAULT_TERM,
 };
@@ -191,6 +196,9 @@ pub(crate) struct Inner {
     claims: DashMap<String, Arc<Claim>, ahash::RandomState>,
     /// Most keys this replica holds claims on at once.
     max_claims: AtomicUsize,
+    /// Keys whose claim is on its way to the backend, counted against
+    /// `max_claims` before it is sent ([`Room`]).
+    reserved: AtomicUsize,
     /// The highest mark read from the backend per key, to turn stale tokens
     /// away in memory. Never from a notification: anyone can send one.
     marks: DashMap<String, u64, ahash::RandomState>,
@@ -211,6 +219,10 @@ pub(crate) struct Inner {
     session_changed: Notify,
     /// The last renewal's report.
     last_renewal: Mutex<Option<RenewalReport>>,
+    /// Revocations by cause.
+    revocations: revocations::Counters,
+    /// Log lines the keeper dropped rather than wait for the log output.
+    dropped_log_lines: Arc<AtomicU64>,
     /// The application's runtime (the first request's): releases run there,
     /// so that the pooled connections they open are driven by the
     /// application's workers, not by the keeper's one thread.
@@ -245,6 +257,7 @@ impl ClaimStore {
             timing,
             claims: DashMap::with_hasher(ahash::RandomState::new()),
             max_claims: AtomicUsize::new(crate::store::DEFAULT_MAX_KEYS),
+            reserved: AtomicUsize::new(0),
             marks: DashMap::with_hasher(ahash::RandomState::new()),
             stripes: std::array::from_fn(|_| Arc::new(Notify::new())),
             hasher: ahash::RandomState::new(),
@@ -256,6 +269,8 @@ impl ClaimStore {
             session_up: AtomicBool::new(false),
             session_changed: Notify::new(),
             last_renewal: Mutex::new(None),
+            revocations: revocations::Counters::default(),
+            dropped_log_lines: Arc::new(AtomicU64::new(0)),
             app: OnceLock::new(),
             keeper: OnceLock::new(),
         };
@@ -320,7 +335,19 @@ impl ClaimStore {
     pub fn claims(&self) -> usize {
         self.inner.claims.len()
     }
+
+    /// How this replica's claims were revoked so far, by cause, how late the
+    /// keeper's revocations ran, and how many of its log lines it dropped
+    /// (it never waits for the log output).
+    #[must_use]
+    pub fn revocations(&self) -> Revocations {
+        self.inner.revocations.read(self.inner.dropped_log_lines.load(Ordering::Relaxed))
+    }
 }
+
+/// No room for one more key: [`ClaimStore::max_keys`] are held or on their way.
+#[derive(Debug)]
+pub(super) struct KeyTableFull;
 
 /// One renewal, as [`ClaimStore::last_renewal`] reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -445,18 +472,56 @@ impl Inner {
         })
     }
 
-    /// Whether one more key may be claimed.
-    fn has_room_for(&self, key: &str) -> bool {
-        self.claims.len() < self.max_claims.load(Ordering::Relaxed) || self.claims.contains_key(key)
+    /// Whether this replica holds a claim on `key` that may have requests
+    /// inside: only then is a release heard on it worth a look at the claim.
+    fn holds(&self, key: &str) -> bool {
+        self.claims.get(key).is_some_and(|claim| claim.state().may_have_inside())
+    }
+
+    /// Room for `key`'s claim, taken before the claim is sent: at most
+    /// `max_claims` keys are held or on their way at any time, however many
+    /// requests for new keys race. `None`: no room.
+    fn reserve(self: &Arc<Self>, key: &str) -> Option<Room> {
+        let _one_at_a_time = self.install.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if self.claims.contains_key(key) {
+            // Its claim replaces the one held: no new key (checked again at install).
+            return Some(Room::within_key());
+        }
+        self.take_room().then(|| Room::taken(self))
+    }
+
+    /// Counts one more key on its way, if there is room (under `install`).
+    fn take_room(&self) -> bool {
+        let limit = self.max_claims.load(Ordering::Relaxed);
+        let room = self.claims.len() + self.reserved.load(Ordering::SeqCst) < limit;
+        if room {
+            self.reserved.fetch_add(1, Ordering::SeqCst);
+        }
+        room
     }
 
     /// Installs (or extends) this replica's claim on `(key, token)` after the
     /// backend granted `grant`, sent at `sent`, wakes the keeper to arm its
-    /// deadline, and enters it.
-    fn install(self: &Arc<Self>, key: &str, token: u64, grant: u64, sent: u64) -> Option<Entered> {
+    /// deadline, and enters it. `Err`: no room after all (the key's claim was
+    /// dropped meanwhile, and other keys took the room); the caller releases
+    /// the grant.
+    fn install(
+        self: &Arc<Self>,
+        key: &str,
+        token: u64,
+        grant: u64,
+        sent: u64,
+        room: &mut Room,
+    ) -> Result<Option<Entered>, KeyTableFull> {
         let deadline = self.deadline_from(sent);
         let _one_at_a_time = self.install.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let current = self.claims.get(key).map(|claim| Arc::clone(&claim));
+        if current.is_none() && !room.counts_a_key() {
+            if !self.take_room() {
+                return Err(KeyTableFull);
+            }
+            *room = Room::taken(self);
+        }
         let claim = match current {
             Some(claim) if claim.token == token && claim.state() == State::Valid => {
                 claim.extend(grant, deadline);
@@ -465,15 +530,14 @@ impl Inner {
             // Lower, or no longer valid (its requests are leaving or stopped):
             // the new grant's row has replaced its row already.
             _ => {
-                let claim =
-                    Arc::new(Claim::new(key.to_owned(), token, grant, deadline, Arc::downgrade(self)));
+                let claim = Arc::new(Claim::new(key.to_owned(), token, grant, deadline, self));
                 self.claims.insert(key.to_owned(), Arc::clone(&claim));
                 claim
             }
         };
         // The keeper sleeps until the soonest deadline it knew: this one may be sooner.
         self.rearm.notify_one();
-        claim.try_enter(self.now())
+        Ok(claim.try_enter(self.now()))
     }
 
     /// Deletes the row of `grant` (a claim nobody is inside any more), on the
@@ -519,7 +583,8 @@ impl Inner {
         {
             let _ = self.app.set(app);
         }
-        self.keeper.get_or_init(|| keeper::Handle::start(Arc::downgrade(self)));
+        let dropped = Arc::clone(&self.dropped_log_lines);
+        self.keeper.get_or_init(|| keeper::Handle::start(Arc::downgrade(self), dropped));
     }
 
     /// Waits, at most `bound`, until the keeper has a session.

@@ -21,7 +21,8 @@
 //! - clients and workers cannot break it: a storm of raises whose clients give
 //!   up leaves the key usable, a grant whose client left is released at once,
 //!   a worker blocked for most of the term keeps its claim, and a handler that
-//!   never yields past its claim never answers success.
+//!   never yields past its claim never answers success; and 400 requests for
+//!   new keys racing a replica limited to 2 keys get at most 2 claims.
 //!
 //! Every timing comes from the engine ([`Engine::timing`]), so an engine whose
 //! shortest term is seconds (etcd leases) runs the same scenarios, longer.
@@ -33,6 +34,7 @@
 mod bed;
 mod clients;
 mod contract;
+mod limits;
 mod sessions;
 mod workers;
 
@@ -51,6 +53,7 @@ pub use contract::{
     a_request_cut_off_inside_lets_the_next_holder_in, a_token_seen_by_one_replica_is_stale_on_every_other,
     random_routing_across_three_replicas_keeps_both_invariants,
 };
+pub use limits::the_key_limit_holds_against_400_concurrent_new_keys;
 pub use sessions::{
     a_handler_longer_than_the_term_keeps_its_claim_and_the_raise_waits,
     a_killed_replicas_claim_expires_after_about_a_term, a_lost_connection_does_not_free_the_claim,
@@ -97,6 +100,8 @@ pub trait Engine: Sized + Send + Sync + 'static {
     async fn mark(&self, key: &str) -> Option<u64>;
     /// How many claim records on `key` the engine holds now, live or expired.
     async fn claims_on(&self, key: &str) -> usize;
+    /// How many claim records the engine holds now, on every key, live or expired.
+    async fn all_claims(&self) -> usize;
     /// The engine's own checks after a storm of raises on the replica named
     /// `name` whose clients gave up (PostgreSQL: no sessions left behind).
     async fn after_storm(&self, name: &str) {
@@ -129,6 +134,7 @@ macro_rules! shared_store_conformance {
             a_grant_whose_client_left_is_released_at_once,
             a_worker_blocked_for_most_of_the_term_keeps_its_claim,
             a_handler_that_never_yields_past_its_claim_does_not_answer_success,
+            the_key_limit_holds_against_400_concurrent_new_keys,
         );
     };
     (@each $engine:ty; $($scenario:ident),* $(,)?) => {

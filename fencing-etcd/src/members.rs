@@ -114,3 +114,32 @@ pub(crate) fn member_trouble(error: &Error) -> bool {
         _ => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: tonic::Code, message: &str) -> Error {
+        Error::GRpcStatus(tonic::Status::new(code, message))
+    }
+
+    #[test]
+    fn a_member_without_a_leader_or_out_of_reach_has_another_asked() {
+        assert!(member_trouble(&status(tonic::Code::Unavailable, "etcdserver: no leader")));
+        assert!(member_trouble(&status(tonic::Code::Unavailable, "tcp connect error")));
+        assert!(member_trouble(&status(tonic::Code::DeadlineExceeded, "deadline")));
+        assert!(member_trouble(&Error::LeaseKeepAliveError("stream closed".into())));
+    }
+
+    #[test]
+    fn what_the_cluster_answered_is_final() {
+        assert!(!member_trouble(&Error::LeaseKeepAliveError("lease not found".into())));
+        assert!(!member_trouble(&status(tonic::Code::NotFound, "etcdserver: requested lease not found")));
+        assert!(!member_trouble(&status(
+            tonic::Code::InvalidArgument,
+            "etcdserver: too many operations in txn request"
+        )));
+        assert!(!member_trouble(&status(tonic::Code::PermissionDenied, "etcdserver: permission denied")));
+        assert!(!member_trouble(&Error::InvalidArgs("x".into())));
+    }
+}

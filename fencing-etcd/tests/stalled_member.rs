@@ -4,7 +4,6 @@
 //! replica that knows every member claims new keys. Two members serve all
 //! along, so renewals and grants must go on through them.
 
-#[allow(dead_code)] // shared with cluster_faults.rs; this binary uses part of it
 mod faults;
 
 use std::sync::Arc;
@@ -13,7 +12,7 @@ use std::time::Duration;
 use faults::recorder::Recorder;
 use faults::replicas::{self, Answer, Replica};
 use faults::{BOUND, logs, serial};
-use fencing_etcd::{ClaimTiming, DEFAULT_TERM, EtcdSharedStore};
+use fencing_etcd::{ClaimTiming, EtcdSharedStore};
 use fencing_layer::store::{SharedPermit, SharedStore};
 use test_support::EtcdCluster;
 use tokio::task::JoinSet;
@@ -25,7 +24,7 @@ const CLAIMS: usize = 10_000;
 /// Requests inside on that replica meanwhile, one key each.
 const IN_FLIGHT: u64 = 40;
 
-/// How long the follower stays frozen: two terms of the default timing.
+/// How long the follower stays frozen: longer than a claim lasts unrenewed.
 const FROZEN: Duration = Duration::from_secs(8);
 
 /// Grants in flight at once while the claims are set up.
@@ -39,8 +38,13 @@ const MAX_UNAVAILABLE: f64 = 0.05;
 /// How long new keys are claimed once the majority has a leader.
 const CLAIMING: Duration = Duration::from_secs(6);
 
-/// What the store logs when it stops a claim's requests.
-const LOST: [&str; 2] = ["not renewed in time", "found the claim gone"];
+/// The claims' term while 10,000 are held: a renewal of all of them at once
+/// (the keeper renews claims due together, and claims granted together stay
+/// due together) took up to 1.3 s on a healthy cluster in a debug build on
+/// two shared cores, beyond the 800 ms `renew_timeout` of the default 4 s
+/// term; 8 s bounds a renewal by 1.6 s and still lapses a claim (7.2 s after
+/// its last renewal) well within the freeze.
+const TERM: Duration = Duration::from_secs(8);
 
 /// Holds `count` claims on `store` (keys `/bulk/{n}`, token 1): admitted
 /// directly, their permits kept, so that every renewal carries them.
@@ -89,7 +93,7 @@ async fn a_frozen_follower_stops_no_renewal_of_ten_thousand_claims() {
     let leader = cluster.wait_leader(Duration::from_secs(5)).await.expect("a leader");
     let follower = (leader + 1) % 3;
     let recorder = Recorder::default();
-    let timing = ClaimTiming::for_term(DEFAULT_TERM);
+    let timing = ClaimTiming::for_term(TERM);
     let store = replicas::store(&cluster.endpoints(), "frozen/", timing).await;
     let a = Arc::new(Replica::serve(&recorder, 0, store, BOUND).await);
     let b =
@@ -111,6 +115,8 @@ async fn a_frozen_follower_stops_no_renewal_of_ten_thousand_claims() {
     sleep(timing.renew_every * 2).await;
     let before = a.store.claims().last_renewal().expect("renewed");
     assert_eq!(a.store.claims().claims(), CLAIMS + IN_FLIGHT as usize);
+    let healthy = a.store.claims().revocations();
+    assert_eq!(healthy.at_deadline + healthy.found_gone, 0, "claims lost before the freeze: {healthy:?}");
 
     cluster.sigstop(follower);
     let frozen = Instant::now();
@@ -127,7 +133,8 @@ async fn a_frozen_follower_stops_no_renewal_of_ten_thousand_claims() {
     .await;
     cluster.sigcont(follower);
 
-    let stopped = LOST.iter().flat_map(|text| logs::lines_with(text)).collect::<Vec<_>>();
+    let revoked = a.store.claims().revocations();
+    let stopped = revoked.at_deadline + revoked.found_gone + revoked.by_request;
     let reopened = logs::lines_with("reopening the session");
     let still = a.store.claims().claims();
     recorder.let_go(1);
@@ -136,14 +143,13 @@ async fn a_frozen_follower_stops_no_renewal_of_ten_thousand_claims() {
     eprintln!(
         "[frozen] {CLAIMS} claims set up in {setup:?}; follower m{follower} (leader m{leader}) frozen {FROZEN:?}; \
          a renewal before: {before:?}; longest renewal while frozen: {longest:?}; sessions given up: {} \
-         (first: {:?}); claims stopped: {}; {lost} of {IN_FLIGHT} requests lost their claim; \
+         (first: {:?}); claims stopped: {stopped}; {lost} of {IN_FLIGHT} requests lost their claim; \
          B's raises meanwhile: {:?}",
         reopened.len(),
         reopened.first(),
-        stopped.len(),
         raises.iter().map(|r| (r.status, r.took)).collect::<Vec<_>>(),
     );
-    assert!(stopped.is_empty(), "claims stopped while two members served: {:?}", stopped.first());
+    assert_eq!(stopped, 0, "claims stopped while two members served: {revoked:?}");
     assert_eq!(lost, 0, "requests that lost their claim: {:?}", answers.iter().find(|a| a.status != 200));
     for answer in answers.iter().chain(&raises) {
         let expected = if answer.replica == 0 { 200 } else { 503 };

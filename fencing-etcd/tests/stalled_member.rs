@@ -81,8 +81,8 @@ async fn longest_renewal<T>(store: &EtcdSharedStore, until: impl Future<Output =
 }
 
 /// Replica A holds 10,000 claims and has 40 requests inside on token 1 when a
-/// follower is frozen for 8 s. A's renewals must go on through the two other
-/// members: none of its requests loses its claim, and replica B's raises of
+/// follower is frozen for 8 s: the member A asked first and watched through.
+/// A's renewals must go on through the two other members: none of its requests loses its claim, and replica B's raises of
 /// those keys meanwhile wait (the claims are live in etcd, not only in A's
 /// memory) and get 503 at their drain bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -94,7 +94,10 @@ async fn a_frozen_follower_stops_no_renewal_of_ten_thousand_claims() {
     let follower = (leader + 1) % 3;
     let recorder = Recorder::default();
     let timing = ClaimTiming::for_term(TERM);
-    let store = replicas::store(&cluster.endpoints(), "frozen/", timing).await;
+    // The frozen member first: A asks it first and watches through it until it freezes.
+    let mut endpoints = cluster.endpoints();
+    endpoints.rotate_left(follower);
+    let store = replicas::store(&endpoints, "frozen/", timing).await;
     let a = Arc::new(Replica::serve(&recorder, 0, store, BOUND).await);
     let b =
         Arc::new(Replica::start(&recorder, 1, &cluster.endpoints(), "frozen/", Duration::from_secs(1)).await);

@@ -5,8 +5,9 @@
 # only with the `mutants` feature (fencing-layer, fencing-postgres, scenarios:
 # tests only) and switched on by FENCING_MUTANT, read once per process:
 #
-#   no-deadline-revoke  fencing-layer/src/claims/keeper.rs: a claim whose renewals
-#                       stop is not revoked at its local deadline (its requests run on)
+#   no-deadline-revoke  fencing-layer/src/claims/keeper.rs and claim.rs: a claim whose
+#                       renewals stop is not revoked at its local deadline, by the keeper
+#                       nor by its requests' own check (its requests run on)
 #   session-claims      fencing-postgres/src/fence.rs: a replica's claims are freed
 #                       when its background session ends (a grant deletes the claims
 #                       of replicas whose last renewing session is gone)

@@ -25,7 +25,7 @@ impl IntoResponse for FenceError {
         }
         let problem = if self.is_retryable() {
             tracing::warn!(error = %self, "fenced transaction failed: answering 503");
-            let problem = if matches!(self, Self::Retry(_)) {
+            let problem = if matches!(self, Self::Retry(_) | Self::MigrationBlocked { .. }) {
                 Problem::new(StatusCode::SERVICE_UNAVAILABLE, "transaction-conflict", "Transaction conflict")
                     .detail("the transaction conflicted with a concurrent one or waited too long for a lock")
             } else {

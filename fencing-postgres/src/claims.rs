@@ -22,38 +22,49 @@
 //!   no raise. The second reads, without locks, which asked-for claims are
 //!   live, which were extended (an expiry at or past the first statement's
 //!   start plus the term) and which keys' marks are above the claim.
-//! - **Release**: one statement deleting the row of one grant, and `NOTIFY`,
-//!   within `lock_timeout` and a bounded wait for a pooled connection.
+//! - **Release**: one statement deleting the row of one grant, within
+//!   `lock_timeout` and a bounded wait for a pooled connection. A trigger on
+//!   the claims table (`migrate.rs`) announces every deleted claim row
+//!   (`l <token> <key>`, at commit): a release, an expired row deleted, a row
+//!   deleted by hand. A replica holding the claim hears of it at once, and
+//!   its keeper renews that claim then (finding it gone, it stops the
+//!   claim's requests), not a renewal period later.
 //! - **Read marks**: a raise heard (`NOTIFY` is a hint: any role that can
 //!   connect can send one on the channel, no privilege needed) is checked by
 //!   reading the key's mark on the session.
 //! - **Sweep**: now and then, up to 10,000 expired claims (any replica's) are
 //!   deleted, skipping rows that are locked.
-//! - **Session**: a connection of its own (outside the pool), which `LISTEN`s
-//!   for raises and releases and runs the renewals, reads and sweeps, each
-//!   statement bounded by `statement_timeout` (5 s).
+//! - **Session**: two connections of its own (outside the pool). One runs the
+//!   renewals, reads and sweeps, each statement bounded by
+//!   `statement_timeout` (5 s), and never `LISTEN`s; the keeper's runtime
+//!   drives it. The other `LISTEN`s for raises and releases, driven by a
+//!   thread and runtime of its own (`hints.rs`), which parses what it hears
+//!   into the session's bounded channel. So a flood of forged notifications
+//!   (hundreds of thousands a second) never queues ahead of a renewal's reply
+//!   and never takes the keeper's thread: it costs hints (raises fall back
+//!   to their 100 ms poll and the renewals' reports), never renewals or
+//!   grants. When either connection ends, the hint thread ends, the channel
+//!   closes, and the keeper opens a new session.
 //!
 //! Every wait on a lock is bounded by `lock_timeout` (1 s); running out means
 //! "look again later", never "held". Nothing stays open between statements, so
 //! a client that goes away leaves no session behind.
 
-use std::future::poll_fn;
 use std::sync::Arc;
-use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use fencing_layer::claims::{
-    BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, EVENTS,
-    Renewal,
+    BoxFuture, ClaimBackend, ClaimEvent, ClaimRenewer, ClaimReply, ClaimRequest, ClaimSession, Renewal,
 };
 use fencing_layer::store::StoreError;
-use tokio::sync::broadcast;
+use tokio::sync::oneshot;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, Client, NoTls};
+use tokio_postgres::{Client, NoTls};
 
 use crate::fence::{MAX_KEY_BYTES, PgFence, WAY_TRANSACTION, from_wire, to_wire};
+use crate::hints;
 
 /// How long any claim statement waits for a row lock.
 const LOCK_TIMEOUT: &str = "1s";
@@ -177,43 +188,35 @@ impl PgClaims {
         begun.and(bounded).and(released.map(drop)).and(committed).map_err(StoreError::log)
     }
 
+    /// The session: renewals, reads and sweeps on a connection that does not
+    /// listen, driven by the keeper's runtime (this future's); hints on
+    /// another, driven by a thread of its own (`hints.rs`). When either
+    /// connection ends, the hint thread ends, `events` closes and the keeper
+    /// opens another session.
     async fn open(self) -> Result<ClaimSession, StoreError> {
-        let (client, mut connection) = self.config.connect(NoTls).await.map_err(StoreError::log)?;
-        let (sender, events) = broadcast::channel(EVENTS);
-        // The connection is driven here, so that notifications reach `events`;
-        // when it ends, `sender` drops and the keeper opens another session.
-        tokio::spawn(async move {
-            let ended = poll_fn(|cx| {
-                loop {
-                    match connection.poll_message(cx) {
-                        Poll::Ready(Some(Ok(AsyncMessage::Notification(note)))) => {
-                            // A full channel drops the oldest: the keeper then reads every mark.
-                            if let Some(event) = parse(note.payload()) {
-                                let _ = sender.send(event);
-                            }
-                        }
-                        Poll::Ready(Some(Ok(_))) => {}
-                        Poll::Ready(Some(Err(error))) => return Poll::Ready(Err(error)),
-                        Poll::Ready(None) => return Poll::Ready(Ok(())),
-                        Poll::Pending => return Poll::Pending,
-                    }
+        let (renewals_up, renewals_gone) = oneshot::channel::<()>();
+        let hints =
+            hints::listen(self.config.clone(), self.fence.claims_sql().channel.clone(), renewals_gone);
+        let renewals = async {
+            let (client, connection) = self.config.connect(NoTls).await.map_err(StoreError::log)?;
+            tokio::spawn(async move {
+                // Dropped when the connection ends: the hint thread ends with it.
+                let _up = renewals_up;
+                if let Err(error) = connection.await {
+                    tracing::warn!(%error, "claims: the background session's connection ended");
                 }
-            })
-            .await;
-            if let Err(error) = ended {
-                tracing::warn!(%error, "claims: the background session's connection ended");
-            }
-        });
-        let channel = &self.fence.claims_sql().channel;
-        client
-            .batch_execute(&format!(
-                "SET default_transaction_isolation = 'read committed';
-                 SET lock_timeout = '{LOCK_TIMEOUT}';
-                 SET statement_timeout = '{STATEMENT_TIMEOUT}';
-                 LISTEN {channel}"
-            ))
-            .await
-            .map_err(StoreError::log)?;
+            });
+            client
+                .batch_execute(&format!(
+                    "SET default_transaction_isolation = 'read committed';
+                     SET lock_timeout = '{LOCK_TIMEOUT}';
+                     SET statement_timeout = '{STATEMENT_TIMEOUT}'"
+                ))
+                .await
+                .map_err(StoreError::log)?;
+            Ok(client)
+        };
+        let (events, client) = tokio::try_join!(hints, renewals)?;
         let renewer = Renewer { client: Arc::new(client), fence: self.fence.clone() };
         Ok(ClaimSession { renewer: Box::new(renewer), events })
     }
@@ -317,7 +320,7 @@ impl ClaimRenewer for Renewer {
 
 /// `r <token> <key>` (a raise) or `l <token> <key>` (a release). A key longer
 /// than any claim's is nobody's: dropped, so a forged flood costs no memory.
-fn parse(payload: &str) -> Option<ClaimEvent> {
+pub(crate) fn parse(payload: &str) -> Option<ClaimEvent> {
     let (kind, rest) = payload.split_once(' ')?;
     let (token, key) = rest.split_once(' ')?;
     if key.len() > MAX_KEY_BYTES {

@@ -51,6 +51,17 @@ pub enum FenceError {
     Pool(PoolError),
     /// Any other database error, such as a mistake in the handler's SQL (500).
     Database(tokio_postgres::Error),
+    /// [`PgFence::migrate`](crate::PgFence::migrate) found the schema out of
+    /// date and could not change it now: another session holds a lock on
+    /// `table` (a long transaction, `pg_dump`), and waiting for it would have
+    /// held up every replica's renewals behind the wait. Nothing was changed;
+    /// try again later.
+    MigrationBlocked {
+        /// The table whose lock was not free.
+        table: String,
+        /// The database's error (a lock timeout).
+        error: tokio_postgres::Error,
+    },
 }
 
 impl FenceError {
@@ -73,7 +84,7 @@ impl FenceError {
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Retry(_) | Self::Unavailable(_) => true,
+            Self::Retry(_) | Self::Unavailable(_) | Self::MigrationBlocked { .. } => true,
             Self::Pool(error) => pool_unavailable(error),
             _ => false,
         }
@@ -140,6 +151,12 @@ impl fmt::Display for FenceError {
             Self::Unavailable(error) => write!(f, "the database is unavailable: {error}"),
             Self::Pool(error) => write!(f, "no database connection: {error}"),
             Self::Database(error) => write!(f, "database error: {error}"),
+            Self::MigrationBlocked { table, .. } => write!(
+                f,
+                "the fencing schema could not be migrated now: another session holds a lock on table \
+                 {table} (a long transaction or pg_dump, say), and waiting for it would hold up every \
+                 replica's renewals; nothing was changed, try again later"
+            ),
             Self::Stale { .. } | Self::KeyTooLong { .. } => Ok(()),
         }
     }
@@ -148,7 +165,10 @@ impl fmt::Display for FenceError {
 impl std::error::Error for FenceError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Retry(error) | Self::Unavailable(error) | Self::Database(error) => Some(error),
+            Self::Retry(error)
+            | Self::Unavailable(error)
+            | Self::Database(error)
+            | Self::MigrationBlocked { error, .. } => Some(error),
             Self::Pool(error) => Some(error),
             _ => None,
         }

@@ -44,6 +44,7 @@ use tokio_postgres::Client;
 
 use crate::error::FenceError;
 use crate::known::KnownMarks;
+use crate::migrate::{Migration, Names};
 use crate::table::{InvalidTableName, quote};
 use crate::transaction::FenceTransaction;
 
@@ -71,7 +72,7 @@ pub struct PgFence {
 #[derive(Debug)]
 struct Statements {
     table: String,
-    migrate: String,
+    migrate: Migration,
     /// `($1 key, $2 token)` → `(mark, way)`: locks the key's mark row, if any.
     /// The whole fence for a token this process fenced the key with last.
     lock: String,
@@ -100,7 +101,8 @@ pub(crate) struct ClaimStatements {
     /// `($1 key, $2 token, $3 replica, $4 grant, $5 term seconds)` →
     /// `(mark, way, live lower claims, ms to the soonest one's expiry, granted)`.
     pub(crate) grant: String,
-    /// `($1 key, $2 replica, $3 grant)`: deletes the claim and announces it (`l <token> <key>`).
+    /// `($1 key, $2 replica, $3 grant)`: deletes the claim (the table's trigger
+    /// announces every deleted claim, `l <token> <key>`).
     pub(crate) release: String,
     /// `($1 replica, $2 keys, $3 grants, $4 term seconds)` → `(renewed, threshold)`:
     /// extends the live claims whose rows are free; a row extended by it
@@ -149,7 +151,7 @@ impl Statements {
         let none = String::new;
         Self {
             table: none(),
-            migrate: none(),
+            migrate: Migration::default(),
             lock: none(),
             fence: none(),
             claims: ClaimStatements::default(),
@@ -180,27 +182,6 @@ impl PgFence {
     }
 
     fn build(table: String, quoted: String, claims: String) -> Self {
-        // `previous` is how the raise returns the mark it found: PostgreSQL
-        // before 18 returns only the new row from an upsert. `way` records
-        // which way of fencing owns the key. Keys compare as bytes (collation
-        // "C"), as the layer's do.
-        let migrate = format!(
-            "SELECT pg_advisory_xact_lock(hashtext('fencing-postgres migrate'));
-             CREATE TABLE IF NOT EXISTS {quoted} (
-                 key TEXT COLLATE \"C\" PRIMARY KEY,
-                 mark NUMERIC(20,0) NOT NULL CHECK (mark BETWEEN 0 AND 18446744073709551615),
-                 previous NUMERIC(20,0) NOT NULL
-             );
-             ALTER TABLE {quoted} ADD COLUMN IF NOT EXISTS way TEXT;
-             CREATE TABLE IF NOT EXISTS {claims} (
-                 key TEXT COLLATE \"C\" NOT NULL,
-                 replica TEXT NOT NULL,
-                 token NUMERIC(20,0) NOT NULL,
-                 grant_id BIGINT NOT NULL,
-                 expires_at TIMESTAMPTZ NOT NULL,
-                 PRIMARY KEY (key, replica)
-             )"
-        );
         // A token equal to the mark, every write of a holder but its first,
         // only needs the key's row locked: a lower-token transaction holding it
         // is waited for (under READ COMMITTED the wait ends on the latest
@@ -231,6 +212,15 @@ impl PgFence {
              SELECT (mark - {OFFSET})::int8, (mark - {OFFSET})::int8, way FROM cur WHERE NOT EXISTS (SELECT 1 FROM up)"
         );
         let channel = format!("fencing_claims_{:016x}", fnv1a(table.as_bytes()));
+        let schema = table.split_once('.').map(|(schema, _)| format!("\"{schema}\""));
+        let migrate = Migration::new(&Names {
+            marks: &quoted,
+            claims: &claims,
+            schema: schema.as_deref(),
+            channel: &channel,
+            claims_name: &format!("{table}_claims"),
+            marks_name: &table,
+        });
         let claims_sql = ClaimStatements {
             raise: format!(
                 "WITH raised AS (
@@ -269,10 +259,8 @@ impl PgFence {
                         (EXTRACT(EPOCH FROM lower.soonest) * 1000)::float8, EXISTS (SELECT 1 FROM granted)
                  FROM m, lower"
             ),
-            release: format!(
-                "WITH gone AS (DELETE FROM {claims} WHERE key = $1 AND replica = $2 AND grant_id = $3 RETURNING token)
-                 SELECT pg_notify('{channel}', 'l ' || token::text || ' ' || $1) FROM gone"
-            ),
+            // The claims table's trigger announces the deletion (`migrate.rs`).
+            release: format!("DELETE FROM {claims} WHERE key = $1 AND replica = $2 AND grant_id = $3"),
             // Locks only rows nobody else holds (SKIP LOCKED: a busy row waits
             // for the next renewal, it never fails the others), and returns one
             // small row: nothing large is sent while the locks are held, so a
@@ -334,15 +322,24 @@ impl PgFence {
         &self.sql.claims
     }
 
-    /// Creates the mark table if it does not exist. Idempotent, and safe when
-    /// several replicas start at once (an advisory lock orders them: concurrent
-    /// `CREATE TABLE IF NOT EXISTS` can otherwise fail). A schema in the name
-    /// must exist already. A deadpool `Object` derefs to the `Client` taken here.
+    /// Creates the mark table, the shared store's claims table and its
+    /// trigger, or brings them up to date. It never holds up the replicas
+    /// already running: it first reads the catalog (no lock on the tables)
+    /// and does nothing when the schema is current; a change waits at most
+    /// 100 ms for its table lock, so a queued request never stands long in
+    /// front of the replicas' renewals (`migrate.rs` in the source says why).
+    /// Idempotent, and safe when several replicas start at once (an advisory
+    /// lock orders them). A schema in the name must exist already. A deadpool
+    /// `Object` derefs to the `Client` taken here.
+    ///
+    /// # Errors
+    ///
+    /// [`FenceError::MigrationBlocked`] when a change was needed and another
+    /// session held a lock on the table it needed (a long transaction,
+    /// `pg_dump`): nothing was changed, try again later. Other database
+    /// errors as [`FenceError`] sorts them.
     pub async fn migrate(&self, client: &Client) -> Result<(), FenceError> {
-        // Several statements in one simple query run as one transaction, which
-        // holds the advisory lock to the end.
-        client.batch_execute(&self.sql.migrate).await?;
-        Ok(())
+        self.sql.migrate.run(client).await
     }
 
     /// Fences `key` with `token` inside `tx`, the transaction that then makes
@@ -464,7 +461,7 @@ mod tests {
 /// The mutant switch of the `mutants` feature (tests only; see Cargo.toml).
 #[cfg(feature = "mutants")]
 mod mutant {
-    use super::{ClaimStatements, OFFSET};
+    use super::{ClaimStatements, Migration, OFFSET};
 
     /// `FENCING_MUTANT=unlocked-fence`: the plain lock (a token fenced with
     /// last) reads the mark without locking its row, so a raise no longer waits
@@ -485,17 +482,19 @@ mod mutant {
     /// a claim only by its release or its expiry.) Otherwise returns the
     /// statements unchanged.
     pub(super) fn session_claims(
-        migrate: String,
+        mut migrate: Migration,
         mut sql: ClaimStatements,
         claims: &str,
-    ) -> (String, ClaimStatements) {
+    ) -> (Migration, ClaimStatements) {
         if std::env::var("FENCING_MUTANT").as_deref() != Ok("session-claims") {
             return (migrate, sql);
         }
         tracing::error!("MUTANT session-claims: a replica's claims are freed when its session ends");
         let sessions = "fencing_mutant_sessions";
-        let migrate = format!(
-            "{migrate}; CREATE TABLE IF NOT EXISTS {sessions} (replica TEXT PRIMARY KEY, pid INT NOT NULL)"
+        migrate.look = format!("{} AND to_regclass('{sessions}') IS NOT NULL", migrate.look);
+        migrate.change = format!(
+            "{}; CREATE TABLE IF NOT EXISTS {sessions} (replica TEXT PRIMARY KEY, pid INT NOT NULL)",
+            migrate.change
         );
         sql.drop_expired = format!(
             "DELETE FROM {claims} c

@@ -171,8 +171,8 @@
 //! ```
 //!
 //! A request with the replica's current token costs no round trip and holds
-//! no connection; a replica uses one thread and one background connection of
-//! its own (renewals and `LISTEN`), and its pool only for the short transactions of a
+//! no connection; a replica uses two threads (the keeper's, the hints') and two
+//! background connections of its own (renewals; `LISTEN`), and its pool only for the short transactions of a
 //! grant, a raise or a release. A key is fenced one way: through the shared
 //! store or in the transaction ([`FenceError::FencedByClaims`] and a 400 from
 //! the store refuse the mix). `claims.rs` and `shared.rs` in this crate give the
@@ -200,7 +200,9 @@ mod claims;
 pub mod durability;
 mod error;
 mod fence;
+mod hints;
 mod known;
+mod migrate;
 mod pool;
 mod shared;
 mod table;

@@ -24,8 +24,9 @@ use crate::fence::{MAX_KEY_BYTES, PgFence};
 ///
 /// A replica uses its `pool` for short transactions only (a grant, a raise, a
 /// release: one round trip each, no connection held while a request runs), and
-/// one connection of its own, opened from `config`, to renew its claims and
-/// hear raises and releases (`LISTEN`). A key fenced through this store must
+/// two connections of its own, opened from `config`: one renews its claims,
+/// the other hears raises and releases (`LISTEN`) on a thread of its own, so
+/// that a flood of notifications never holds up a renewal. A key fenced through this store must
 /// not also be fenced with [`PgFence::fence`]: each refuses the other's keys.
 #[derive(Debug, Clone)]
 pub struct PgSharedStore {
@@ -77,11 +78,15 @@ impl PgSharedStore {
         self.claims.ready().await
     }
 
-    /// Creates both tables if they do not exist ([`PgFence::migrate`]).
+    /// Creates both tables and the claims table's trigger, or brings them up
+    /// to date, without holding up the replicas already running
+    /// ([`PgFence::migrate`]: a current schema is only looked at).
     ///
     /// # Errors
     ///
-    /// No connection, or the tables could not be created.
+    /// No connection; [`FenceError::MigrationBlocked`] when a change was
+    /// needed and another session held a lock on its table (nothing changed,
+    /// try again later); or the tables could not be created.
     pub async fn migrate(&self) -> Result<(), FenceError> {
         let client = self.pool.get().await?;
         self.fence.migrate(&client).await

@@ -1,6 +1,7 @@
 //! Replica claims when PostgreSQL sessions die in ways only PostgreSQL has: a
-//! terminated session, a restarted server, the database down; and the two ways
-//! of fencing refusing each other's keys. (A handler longer than the term, a
+//! terminated session, one of its two background connections ended, a
+//! restarted server, the database down; and the two ways of fencing refusing
+//! each other's keys. (A handler longer than the term, a
 //! stalled route, a lost connection and a raise storm are in the conformance
 //! suite every engine runs: `conformance.rs`.) Each replica is a real axum
 //! server; one probe records every handler's entry and exit in one order, and
@@ -71,6 +72,72 @@ async fn a_terminated_session_does_not_free_the_claim() {
     assert_eq!(raise.await.unwrap().0, 200);
     assert!(probe.at((1, 1, false)) < probe.at((1, 2, true)));
     probe.assert_invariants();
+}
+
+/// A replica's session is two connections: renewals, and hints (`LISTEN`,
+/// on a thread of its own). Either one terminated alone ends the whole
+/// session: the keeper opens a new one (a new `LISTEN` connection, the old
+/// one gone, none left behind), in time to keep the claim of the request
+/// inside, and a raise on another replica still waits for that request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn either_background_connection_ending_ends_the_session() {
+    let Some(pg) = OwnPg::start() else { return };
+    let probe = Probe::default();
+    let config = with_port(&pg.config(), pg.port, "replica-one");
+    let one =
+        Arc::new(Replica::with_timing(&probe, config, drain(BOUND), PoolLimits::default(), short()).await);
+    let two = Arc::new(
+        Replica::with_timing(&probe, pg.config(), drain(BOUND), PoolLimits::default(), short()).await,
+    );
+    probe.hold(1);
+    let held = one.spawn_post(1, 1);
+    probe.wait_inside(1, 1, 1).await;
+    let admin = common::connect_to(&pg.config()).await;
+    // The hint connection's last statement is its LISTEN; the renewals' one, a renewal.
+    for (which, last_statement) in [("hints", "LISTEN %"), ("renewals", "%unnest(%")] {
+        let listening = backend(&admin, "LISTEN %").await;
+        let target = backend(&admin, last_statement).await;
+        admin.execute("SELECT pg_terminate_backend($1)", &[&target]).await.unwrap();
+        let reopened = async {
+            while listeners(&admin).await.contains(&listening) || listeners(&admin).await.len() != 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(short().term, reopened).await.unwrap_or_else(|_| {
+            panic!("the {which} connection ended; the old LISTEN connection is still there, or no new one")
+        });
+        assert!(!held.is_finished(), "the request inside lost its claim when the {which} connection ended");
+    }
+    let raise = two.spawn_post(1, 2);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!raise.is_finished(), "token 2 got an answer while token 1 was inside");
+    probe.release(1);
+    assert_eq!(held.await.unwrap().0, 200);
+    assert_eq!(raise.await.unwrap().0, 200);
+    probe.assert_invariants();
+}
+
+/// The pid of a backend of replica one whose last statement is like `last_statement` (waits for one).
+async fn backend(admin: &tokio_postgres::Client, last_statement: &str) -> i32 {
+    let found = async {
+        loop {
+            if let Some(pid) = pids(admin, last_statement).await.first() {
+                return *pid;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(BOUND, found).await.unwrap_or_else(|_| panic!("no backend ran {last_statement}"))
+}
+
+/// The pids of replica one's backends that listen.
+async fn listeners(admin: &tokio_postgres::Client) -> Vec<i32> {
+    pids(admin, "LISTEN %").await
+}
+
+async fn pids(admin: &tokio_postgres::Client, last_statement: &str) -> Vec<i32> {
+    let sql = "SELECT pid FROM pg_stat_activity WHERE application_name = 'replica-one' AND query LIKE $1";
+    admin.query(sql, &[&last_statement]).await.unwrap().iter().map(|row| row.get(0)).collect()
 }
 
 /// The database restarts (every session ends) under a load of raises, equal

@@ -20,6 +20,7 @@ mod disk_faults;
 mod hostile;
 mod kill;
 mod kill_under_writes;
+mod log_pipe;
 mod operating_marks;
 mod prometheus;
 mod replicas;

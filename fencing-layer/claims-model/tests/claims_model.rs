@@ -171,12 +171,15 @@
 //! outlives a claim its replica has revoked, which only delays a raise.
 //!
 //! Within one instant, events happen in any order; a deadline reached must be
-//! acted on before time moves on by a keeper that knows it and can run: this
-//! is the assumption that **no process, nor its keeper thread, is stopped for
-//! longer than `term − margin` after the last renewal it sent** (the residual
-//! the code states: nobody can stop a process that is not running). Blocked
-//! application workers are not such a stop: the keeper runs on a thread of
-//! its own (`Block`).
+//! acted on before time moves on by a keeper that knows it and can run. The
+//! code has a second stop the model does not need: each request checks its
+//! claim's deadline itself, so a keeper that is late or stuck is not a
+//! residual there. What the model assumes is the residual the code states:
+//! **no process is stopped for longer than `term − margin` after the last
+//! renewal it sent** (nobody can stop a process that is not running), and a
+//! handler that never yields answers 503 but may have written meanwhile.
+//! Blocked application workers are not such a stop: the keeper runs on a
+//! thread of its own (`Block`).
 //! A keeper that does not know a deadline (`unarmed-deadline`) or cannot run
 //! (`keeper-on-workers`) lets time move on past it.
 //!

@@ -27,6 +27,12 @@ use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::Interest;
 use tracing::{Dispatch, Event, Level, Metadata, Subscriber};
 
+/// The keeper's metrics, when the feature is on (else nothing to carry).
+#[cfg(feature = "metrics")]
+pub(super) use super::revocations::Metered;
+#[cfg(not(feature = "metrics"))]
+pub(super) enum Metered {}
+
 /// Lines waiting for the journal at most; past it they are dropped.
 const QUEUE: usize = 256;
 
@@ -42,6 +48,8 @@ struct Line {
 pub(super) struct Handoff {
     lines: SyncSender<Line>,
     dropped: Arc<AtomicU64>,
+    #[cfg(feature = "metrics")]
+    metered: Option<metrics::Counter>,
     /// The application's subscriber: asked what it wants, never given anything here.
     real: Dispatch,
 }
@@ -49,7 +57,7 @@ pub(super) struct Handoff {
 impl Handoff {
     /// A handoff to `real` (the application's subscriber), and the journal
     /// thread that logs what it is handed. Lines dropped are counted in `dropped`.
-    pub(super) fn start(real: Dispatch, dropped: Arc<AtomicU64>) -> Dispatch {
+    pub(super) fn start(real: Dispatch, dropped: Arc<AtomicU64>, metered: Option<Metered>) -> Dispatch {
         let (lines, queue) = std::sync::mpsc::sync_channel(QUEUE);
         let journal = real.clone();
         let counted = Arc::clone(&dropped);
@@ -60,7 +68,17 @@ impl Handoff {
             // Nothing will read the queue: every line is dropped (and counted), the keeper still runs.
             tracing::error!(%error, "claims: cannot start the keeper's journal thread; its lines are dropped");
         }
-        Dispatch::new(Self { lines, dropped, real })
+        #[cfg(feature = "metrics")]
+        let metered = metered.map(|metered| metered.dropped);
+        #[cfg(not(feature = "metrics"))]
+        let _: Option<Metered> = metered;
+        Dispatch::new(Self {
+            lines,
+            dropped,
+            #[cfg(feature = "metrics")]
+            metered,
+            real,
+        })
     }
 }
 
@@ -120,6 +138,8 @@ impl Subscriber for Handoff {
             // Full (the sink is slow or stalled) or gone (the journal could not start).
             Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
+                #[cfg(feature = "metrics")]
+                self.metered.as_ref().inspect(|dropped| dropped.increment(1));
             }
         }
     }
@@ -184,7 +204,7 @@ mod tests {
         let real = Dispatch::new(tracing_subscriber_like::Plain::new(move || sink.clone()));
         let stall = written.lock().unwrap();
         let dropped = Arc::new(AtomicU64::new(0));
-        let handoff = Handoff::start(real, Arc::clone(&dropped));
+        let handoff = Handoff::start(real, Arc::clone(&dropped), None);
         let started = Instant::now();
         tracing::dispatcher::with_default(&handoff, || {
             for n in 0..10_000 {

@@ -14,7 +14,7 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::ops::ControlFlow;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -24,7 +24,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tracing::Dispatch;
 
 use super::claim::{Claim, State};
-use super::journal::Handoff;
+use super::journal::{Handoff, Metered};
 use super::{BoxFuture, ClaimEvent, ClaimRenewer, ClaimSession, Inner, POLL, Renewal, RenewalReport};
 use crate::store::StoreError;
 
@@ -55,7 +55,11 @@ impl Handle {
     /// Starts the keeper of `store` on a thread of its own, or says why it
     /// could not. Everything logged on that thread goes through a [`Handoff`]
     /// to the subscriber in force here (the caller's), never waiting for it.
-    pub(super) fn start(store: Weak<Inner>, dropped: Arc<AtomicU64>) -> Option<Self> {
+    pub(super) fn start(
+        store: Weak<Inner>,
+        dropped: Arc<AtomicU64>,
+        metered: Option<Metered>,
+    ) -> Option<Self> {
         let (sender, started) = std::sync::mpsc::channel();
         let application = tracing::dispatcher::get_default(Dispatch::clone);
         let thread = std::thread::Builder::new().name("fencing-claims-keeper".into()).spawn(move || {
@@ -63,7 +67,7 @@ impl Handle {
                 Ok(runtime) => runtime,
                 Err(error) => return tracing::error!(%error, "claims: cannot build the keeper's runtime"),
             };
-            let handoff = Handoff::start(application, dropped);
+            let handoff = Handoff::start(application, dropped, metered);
             let task = runtime.spawn(run(store));
             let _ = sender.send(Handle { runtime: runtime.handle().clone(), task: task.abort_handle() });
             let _ = tracing::dispatcher::with_default(&handoff, || runtime.block_on(task));
@@ -182,10 +186,16 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
     let mut sweep = tokio::time::interval_at(Instant::now() + sweep_every, sweep_every);
     sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut work = Work::default();
+    // Looked for again only when deadlines may have changed (a revocation, a
+    // renewal, a sooner claim), never per hint or grant: it reads every claim.
+    let mut deadline = None;
+    let mut look_again = true;
     loop {
         let Some(inner) = store.upgrade() else { return };
         work.send_what_is_due(&inner, &renewer);
-        let deadline = inner.next_deadline();
+        if std::mem::take(&mut look_again) {
+            deadline = inner.next_deadline();
+        }
         drop(inner);
         let hints_open = work.hints.open();
         tokio::select! {
@@ -194,17 +204,20 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
             () = sleep_until(deadline) => {
                 let Some(inner) = store.upgrade() else { return };
                 inner.revoke_expired();
+                look_again = true;
             }
-            () = rearm.notified() => {}
+            () = rearm.notified() => look_again = true,
             _ = tick.tick() => {
                 let Some(inner) = store.upgrade() else { return };
                 inner.release_idle();
+                look_again = true;
                 if work.renewal.is_none() {
                     work.renewal = Some(renew(&inner, &renewer, Which::Due));
                 }
             }
             replied = answer(&mut work.renewal) => {
                 let (sent, held, replied) = replied;
+                look_again = true;
                 let Some(inner) = store.upgrade() else { return };
                 if work.renewed(&inner, sent, &held, replied).is_break() {
                     return;
@@ -212,12 +225,14 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
             }
             replied = answer(&mut work.verify) => {
                 let (sent, held, replied) = replied;
+                look_again = true;
                 let Some(inner) = store.upgrade() else { return };
                 if work.renewed(&inner, sent, &held, replied).is_break() {
                     return;
                 }
             }
             read = ready(&mut work.check) => {
+                look_again = true;
                 let Some(inner) = store.upgrade() else { return };
                 if marks_read(&inner, read).is_break() {
                     return;
@@ -485,8 +500,11 @@ impl State {
 }
 
 impl Inner {
-    /// The earliest deadline of a claim that still admits or has requests inside.
+    /// The earliest deadline of a claim that still admits or has requests
+    /// inside, noted in `armed` for installs to compare theirs with.
     fn next_deadline(&self) -> Option<Instant> {
+        // Any claim installed while this looks wakes the keeper again.
+        self.armed.store(u64::MAX, Ordering::SeqCst);
         let now = self.now();
         let soonest = self
             .claims
@@ -496,6 +514,7 @@ impl Inner {
             .filter(|claim| !mutant::no_deadline_revoke() || claim.deadline() > now)
             .map(|claim| claim.deadline())
             .min()?;
+        self.armed.store(soonest, Ordering::SeqCst);
         Some(Instant::from_std(self.epoch) + Duration::from_nanos(soonest))
     }
 
@@ -516,16 +535,17 @@ impl Inner {
         let mut stopped = Stopped::default();
         for claim in &expired {
             if claim.revoke() {
-                stopped.count(claim, now);
+                stopped.count(claim);
             }
         }
+        stopped.done(self.now());
         self.revocations.at_deadline(stopped.claims, stopped.latest_late);
         if stopped.claims > 0 {
             tracing::warn!(
                 claims = stopped.claims,
                 inside = stopped.inside,
-                key = stopped.example,
-                late_ms = stopped.latest_late.as_millis(),
+                key = stopped.example.as_deref(),
+                late = ?stopped.latest_late,
                 "claims: claims not renewed in time were revoked; their requests were stopped"
             );
         }
@@ -547,8 +567,7 @@ impl Inner {
     /// are revoked before anything is logged.
     fn renewed(&self, sent: u64, held: &[(Arc<Claim>, u64)], renewal: Renewal) -> bool {
         let deadline = self.deadline_from(sent);
-        let now = self.now();
-        let took = Duration::from_nanos(now.saturating_sub(sent));
+        let took = Duration::from_nanos(self.now().saturating_sub(sent));
         let report = RenewalReport { took, claims: held.len(), extended: renewal.extended.len() };
         *self.last_renewal.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(report);
         let extended: HashSet<u64> = renewal.extended.into_iter().collect();
@@ -566,7 +585,7 @@ impl Inner {
             } else if claim.grant() == *grant && claim.state().may_have_inside() && claim.revoke() {
                 // Gone from the backend (expired, then deleted by a raise; or
                 // deleted by hand) and not replaced by a newer grant meanwhile.
-                gone.count(claim, now);
+                gone.count(claim);
             }
         }
         self.revocations.found_gone(gone.claims);
@@ -574,7 +593,7 @@ impl Inner {
             tracing::warn!(
                 claims = gone.claims,
                 inside = gone.inside,
-                key = gone.example,
+                key = gone.example.as_deref(),
                 "claims: a renewal found claims gone from the backend; their requests were stopped"
             );
         }
@@ -614,21 +633,29 @@ struct Stopped {
     inside: u64,
     /// One of the keys, for the log line.
     example: Option<String>,
-    /// How long after its deadline the latest of them was revoked.
+    /// The soonest deadline among them.
+    soonest: Option<u64>,
+    /// How long after the soonest deadline the pass had revoked them all.
     latest_late: Duration,
 }
 
 impl Stopped {
-    fn count(&mut self, claim: &Claim, now: u64) {
+    fn count(&mut self, claim: &Claim) {
         self.claims += 1;
         self.inside += claim.inside();
-        self.latest_late = self.latest_late.max(Duration::from_nanos(now.saturating_sub(claim.deadline())));
+        self.soonest = Some(self.soonest.map_or(claim.deadline(), |soonest| soonest.min(claim.deadline())));
         if self.example.is_none() {
             self.example = Some(claim.key.clone());
         }
     }
-}
 
+    /// The pass ended at `now`.
+    fn done(&mut self, now: u64) {
+        if let Some(soonest) = self.soonest {
+            self.latest_late = Duration::from_nanos(now.saturating_sub(soonest));
+        }
+    }
+}
 /// The mutant switch of the `mutants` feature (tests only): without the
 /// feature, every switch is a constant `false`.
 mod mutant {

@@ -41,8 +41,9 @@
 //!   grants the claim if the mark equals the token and no claim on a lower
 //!   token is live. A mark above the token is a 409. No claim goes out while
 //!   the replica has no background session to renew it (503), and none past
-//!   [`ClaimStore::max_keys`] keys (503). A grant whose request went away
-//!   meanwhile is released at once.
+//!   [`ClaimStore::max_keys`] keys (503; a key's room is taken before its
+//!   claim is sent, so racing requests cannot overshoot it). A grant whose
+//!   request went away meanwhile is released at once.
 //! - **Wait**: a live lower claim keeps the raise out. A replica that hears of
 //!   the raise reads the key's mark; if it is above its claim, the claim
 //!   admits nobody more and is released (its row deleted, the release
@@ -58,10 +59,15 @@
 //!   a raise the replica missed). An expired claim is never renewed.
 //! - **Stop**: each claim is valid locally until `sent + term − margin`, where
 //!   `sent` is when the last successful grant or renewal of it was *sent*, on
-//!   this process's monotonic clock; the keeper arms that deadline the moment
-//!   the claim is installed. At the deadline, or when a renewal finds the claim
-//!   gone, the replica revokes it: every request inside is stopped (its inner
-//!   future dropped, 503 `claim-lost`), and none enters again. A request whose
+//!   this process's monotonic clock. Two stops, independent of each other,
+//!   act on that deadline: the keeper arms it the moment the claim is
+//!   installed, and each request inside checks it at every poll, with a timer
+//!   of its own on the application's runtime. At the deadline (whichever stop
+//!   sees it first), or when a renewal finds the claim gone, the claim is
+//!   revoked: every request inside is stopped (its inner future dropped, 503
+//!   `claim-lost`), and none enters again. The keeper revokes *first* and
+//!   logs after, one line for all it revoked, through a queue it never waits
+//!   on (`journal.rs`): a stalled log pipe cannot hold it. A request whose
 //!   handler finishes after its claim was revoked or its deadline passed (a
 //!   handler that never yielded cannot be dropped) also answers 503
 //!   `claim-lost`, never what the handler made.
@@ -72,10 +78,15 @@
 //!
 //! Notifications are hints, never facts: any role that can connect can send
 //! one (PostgreSQL's `NOTIFY` needs no privilege). A raise heard only makes
-//! the keeper read the key's mark, a release only makes waiters look again,
-//! and a flood only makes the keeper read every claimed key's mark (the
-//! channel holds [`EVENTS`] of them). Only what the backend answers changes
-//! what a replica admits.
+//! the keeper read the key's mark; a release makes waiters look again, and,
+//! on a key this replica holds a claim on, has that claim renewed at once (a
+//! claim deleted behind the replica's back, by hand say, is then found gone
+//! and revoked within a round trip). The keeper takes at most 10,000 hints a
+//! second; past that they wait in the channel ([`EVENTS`] of them), whose
+//! oldest are dropped, and the keeper then renews every claim and reads every
+//! claimed key's mark, at most once a renewal period. So a flood slows raises
+//! (down to their 100 ms poll), never renewals or deadlines. Only what the
+//! backend answers changes what a replica admits.
 //!
 //! # Why a higher token never runs beside a lower one
 //!
@@ -113,22 +124,25 @@
 //!   renewal sent on schedule is answered before the claim lapses here.
 //!
 //! Application workers that are blocked or busy do not matter: the keeper
-//! renews, and revokes at deadlines, on a thread and runtime of its own. What
-//! remains is a stop of the **whole process, or of its keeper thread**
-//! (SIGSTOP, a VM pause, a GC that stops every thread) **for longer than
-//! `term − margin` after the last renewal it sent**: the claim may expire in
-//! the backend and a newer token run while this process's requests are
-//! frozen inside. And a handler that never yields cannot be stopped while its
-//! claim lapses: it answers 503 `claim-lost`, but what it wrote before that
-//! may have overlapped the newer holder's writes. Nobody can stop either from
+//! renews, and revokes at deadlines, on a thread and runtime of its own. A
+//! keeper that is late or stuck (whatever it waits on) does not matter to a
+//! request that yields: its own deadline check stops it. What remains is one
+//! residual, in two forms: a stop of the **whole process** (SIGSTOP, a VM
+//! pause, a GC that stops every thread) **for longer than `term − margin`
+//! after the last renewal it sent**: the claim may expire in the backend and
+//! a newer token run while this process's requests are frozen inside; and a
+//! **handler that never yields** while its claim lapses: it cannot be stopped
+//! (it answers 503 `claim-lost`), but what it wrote before that may have
+//! overlapped the newer holder's writes. Nobody can stop either from
 //! outside; there, the resource's own check of the token (a version column,
 //! `fencing-postgres`'s in-transaction fence) is what holds.
 //!
 //! # Costs
 //!
 //! A request with the replica's current token costs a map lookup, two atomic
-//! counts and an allocation: no round trip, no pooled connection. Each replica
-//! keeps one thread and one background session (renewals, reads of marks,
+//! counts, an allocation, and a clock read at each poll: no round trip, no
+//! pooled connection. Each replica keeps two threads (the keeper, and the
+//! journal that writes its log lines) and one background session (renewals, reads of marks,
 //! notifications, sweeps); grants, releases and raises are short transactions
 //! on the backend's pool.
 
@@ -211,8 +225,13 @@ pub(crate) struct Inner {
     grants: AtomicU64,
     /// This process's monotonic clock, from when the store was made.
     epoch: Instant,
-    /// Wakes the keeper: a claim was installed, its deadline must be armed.
+    /// Wakes the keeper: a claim was installed whose deadline comes before
+    /// the one the keeper sleeps until.
     rearm: Arc<Notify>,
+    /// The deadline the keeper sleeps until (`u64::MAX` while it looks for
+    /// the soonest, or has none): an install wakes it only for a sooner one,
+    /// so taking claims never has the keeper scan every claim per grant.
+    armed: AtomicU64,
     /// The keeper has a background session that renews: grants go out only then.
     session_up: AtomicBool,
     /// Told whenever `session_up` changes.
@@ -266,6 +285,7 @@ impl ClaimStore {
             grants: AtomicU64::new(0),
             epoch: Instant::now(),
             rearm: Arc::new(Notify::new()),
+            armed: AtomicU64::new(u64::MAX),
             session_up: AtomicBool::new(false),
             session_changed: Notify::new(),
             last_renewal: Mutex::new(None),
@@ -535,8 +555,11 @@ impl Inner {
                 claim
             }
         };
-        // The keeper sleeps until the soonest deadline it knew: this one may be sooner.
-        self.rearm.notify_one();
+        // The keeper sleeps until the soonest deadline it knew (or is looking
+        // for it): this one may be sooner.
+        if deadline <= self.armed.load(Ordering::SeqCst) {
+            self.rearm.notify_one();
+        }
         Ok(claim.try_enter(self.now()))
     }
 
@@ -584,7 +607,14 @@ impl Inner {
             let _ = self.app.set(app);
         }
         let dropped = Arc::clone(&self.dropped_log_lines);
-        self.keeper.get_or_init(|| keeper::Handle::start(Arc::downgrade(self), dropped));
+        self.keeper.get_or_init(|| {
+            // Every series at zero from the start, with the recorder in effect here.
+            #[cfg(feature = "metrics")]
+            let metered = Some(self.revocations.metered.get_or_init(revocations::Metered::new).clone());
+            #[cfg(not(feature = "metrics"))]
+            let metered = None;
+            keeper::Handle::start(Arc::downgrade(self), dropped, metered)
+        });
     }
 
     /// Waits, at most `bound`, until the keeper has a session.

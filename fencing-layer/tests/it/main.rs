@@ -15,6 +15,8 @@ mod common;
 mod any_body;
 mod authenticity;
 mod axum_extract;
+mod claim_stops;
+
 mod contract;
 mod durable;
 mod durable_liveness;

@@ -29,15 +29,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencing_layer::claims::{BoxFuture, ClaimBackend, ClaimReply, ClaimRequest, ClaimSession};
 use fencing_layer::store::StoreError;
 use tokio::sync::oneshot;
 
-use crate::error::{ToStore, is_lease_gone, sent};
+use crate::error::{ToStore, is_lease_gone};
 use crate::layout::{Layout, claim_value, encode_claim, padded, token};
 use crate::lease::ReplicaLease;
+use crate::members::Members;
 use crate::session;
 
 /// How many times a claim starts over when the mark moved between its read
@@ -50,7 +51,7 @@ const RELEASE_RETRY: Duration = Duration::from_millis(250);
 /// The claim backend: marks and claims under `layout`'s prefix, claims on `lease`.
 #[derive(Clone)]
 pub(crate) struct EtcdClaims {
-    pub(crate) client: Client,
+    pub(crate) members: Arc<Members>,
     pub(crate) layout: Arc<Layout>,
     pub(crate) lease: Arc<ReplicaLease>,
 }
@@ -99,20 +100,27 @@ impl EtcdClaims {
                 Some(kept) => kept?,
                 None => fresh.await?,
             };
+            let claim = self.layout.claim(&key, &replica);
             let put = Txn::new()
                 .when([Compare::mod_revision(self.layout.mark(&key), CompareOp::Equal, read.mark_revision)])
                 .and_then([TxnOp::put(
-                    self.layout.claim(&key, &replica),
+                    claim.as_str(),
                     encode_claim(token, grant),
                     Some(PutOptions::new().with_lease(lease)),
-                )]);
-            match sent(&self.client, |mut client| {
+                )])
+                .or_else([TxnOp::get(claim.as_str(), None)]);
+            // Safe on several members: every copy puts the same claim (this
+            // grant, this lease) under the same compare, so a second copy
+            // applied changes nothing. A copy that finds the mark moved may
+            // follow one that put the claim: its read of the claim says so.
+            let put = self.members.ask(move |mut client| {
                 let put = put.clone();
                 async move { client.txn(put).await }
-            })
-            .await
-            {
-                Ok(put) if put.succeeded() => return Ok(ClaimReply::Granted { raised }),
+            });
+            match put.await {
+                Ok(put) if put.succeeded() || holds(&put, grant, lease) => {
+                    return Ok(ClaimReply::Granted { raised });
+                }
                 // The mark moved: read again (a higher mark makes it a 409).
                 Ok(_) => {}
                 // The lease ended between its keepalive and the put: a new one next time.
@@ -141,7 +149,11 @@ impl EtcdClaims {
             .when([Compare::create_revision(mark.as_str(), CompareOp::Equal, 0)])
             .and_then([vec![create], reads().to_vec()].concat())
             .or_else([vec![TxnOp::txn(raise)], reads().to_vec()].concat());
-        let reply = sent(&self.client, |mut client| {
+        // Safe on several members: a raise writes the mark only if it is lower,
+        // so copies leave it at the token whatever their number (a copy after
+        // the first says "not raised": only the layer's count of raises misses
+        // it), and the reads used are the answering copy's own.
+        let reply = self.members.ask(move |mut client| {
             let txn = txn.clone();
             async move { client.txn(txn).await }
         });
@@ -170,12 +182,12 @@ impl EtcdClaims {
         grant: u64,
         first: oneshot::Sender<Result<(), StoreError>>,
     ) {
-        let (claim, client, lease) =
-            (self.layout.claim(&key, &replica), self.client, Arc::downgrade(&self.lease));
+        let (claim, members, lease) =
+            (self.layout.claim(&key, &replica), self.members, Arc::downgrade(&self.lease));
         drop(self.lease);
         let mut first = Some(first);
         loop {
-            let outcome = release_once(client.clone(), &claim, grant).await;
+            let outcome = release_once(&members, &claim, grant).await;
             let done = outcome.is_ok();
             if let Some(first) = first.take() {
                 let _ = first.send(outcome);
@@ -191,8 +203,15 @@ impl EtcdClaims {
 /// Reads `claim`, then deletes it if its mod revision is unchanged and it is
 /// still `grant`'s (a late release never deletes a newer grant's claim; a
 /// changed revision is that newer grant, since only this replica writes it).
-async fn release_once(mut client: Client, claim: &str, grant: u64) -> Result<(), StoreError> {
-    let found = client.get(claim, None).await.map_err(ToStore::to_store)?;
+async fn release_once(members: &Members, claim: &str, grant: u64) -> Result<(), StoreError> {
+    // Safe on several members: a read; and a delete that compares the
+    // revision read, so a second copy finds the claim gone and deletes nothing.
+    let key = claim.to_owned();
+    let found = members.ask(move |mut client| {
+        let key = key.clone();
+        async move { client.get(key, None).await }
+    });
+    let found = found.await.map_err(ToStore::to_store)?;
     let Some(kv) = found.kvs().first() else { return Ok(()) };
     if claim_value(kv.value()).is_none_or(|value| value.grant != grant) {
         return Ok(());
@@ -200,7 +219,23 @@ async fn release_once(mut client: Client, claim: &str, grant: u64) -> Result<(),
     let delete = Txn::new()
         .when([Compare::mod_revision(claim, CompareOp::Equal, kv.mod_revision())])
         .and_then([TxnOp::delete(claim, None)]);
-    client.txn(delete).await.map(drop).map_err(ToStore::to_store)
+    let deleted = members.ask(move |mut client| {
+        let delete = delete.clone();
+        async move { client.txn(delete).await }
+    });
+    deleted.await.map(drop).map_err(ToStore::to_store)
+}
+
+/// Whether a claim's put that found the mark moved read the claim as this
+/// grant's on this lease: an earlier copy of the same put was applied, and
+/// that claim stands (its put compared the mark's revision like any other).
+fn holds(put: &TxnResponse, grant: u64, lease: i64) -> bool {
+    put.op_responses().into_iter().any(|response| match response {
+        TxnOpResponse::Get(get) => get.kvs().first().is_some_and(|kv| {
+            kv.lease() == lease && claim_value(kv.value()).is_some_and(|value| value.grant == grant)
+        }),
+        _ => false,
+    })
 }
 
 /// The mark and the claims below it, from the first Txn's answer.

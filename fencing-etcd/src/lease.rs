@@ -9,18 +9,18 @@
 //! send a keepalive (or grant a lease) of their own after the caller took its
 //! `sent` time, and trust no keepalive sent before it.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::Client;
 use fencing_layer::store::StoreError;
 
-use crate::error::{ToStore, is_lease_gone, sent};
+use crate::error::{ToStore, is_lease_gone};
+use crate::members::Members;
 
 /// The replica's lease: granted on the first claim, kept alive by every grant
 /// and renewal, granted again once etcd says it is gone.
 pub(crate) struct ReplicaLease {
-    client: Client,
+    members: Arc<Members>,
     /// Whole seconds, at least the claims' term.
     ttl: i64,
     current: Mutex<Option<i64>>,
@@ -29,11 +29,11 @@ pub(crate) struct ReplicaLease {
 }
 
 impl ReplicaLease {
-    pub(crate) fn new(client: Client, term: Duration) -> Self {
+    pub(crate) fn new(members: Arc<Members>, term: Duration) -> Self {
         // Rounded up: a longer lease only makes raises wait longer for a dead replica.
         let ttl = term.as_secs().saturating_add(u64::from(term.subsec_nanos() > 0)).max(1);
         let ttl = i64::try_from(ttl).unwrap_or(i64::MAX);
-        Self { client, ttl, current: Mutex::new(None), granting: tokio::sync::Mutex::new(()) }
+        Self { members, ttl, current: Mutex::new(None), granting: tokio::sync::Mutex::new(()) }
     }
 
     /// The lease as a grant or keepalive sent by this call left it: it lasts
@@ -62,7 +62,13 @@ impl ReplicaLease {
     /// One keepalive of `id`, sent now: `false` (and the lease forgotten) if
     /// etcd says it is gone, with every claim on it.
     pub(crate) async fn keep_alive(&self, id: i64) -> Result<bool, StoreError> {
-        match sent(&self.client, |mut client| async move { client.lease_keep_alive(id).await }).await {
+        // Safe on several members: a keepalive only extends the lease, from when
+        // a leader processes it, which is after the caller's `sent` whichever member forwards it.
+        match self
+            .members
+            .ask(move |mut client| async move { client.lease_keep_alive(id).await.map(drop) })
+            .await
+        {
             Ok(_) => Ok(true),
             Err(error) if is_lease_gone(&error) => {
                 let mut current = self.lock();
@@ -87,7 +93,11 @@ impl ReplicaLease {
 
     async fn grant(&self) -> Result<i64, StoreError> {
         let ttl = self.ttl;
-        let granted = sent(&self.client, |mut client| async move { client.lease_grant(ttl, None).await })
+        // Safe on several members: a lease granted twice leaves one unused, which
+        // holds no key and ends after its TTL.
+        let granted = self
+            .members
+            .ask(move |mut client| async move { client.lease_grant(ttl, None).await })
             .await
             .map_err(ToStore::to_store)?;
         // etcd may raise a TTL to its minimum, never lower it; a shorter one would break the proof.

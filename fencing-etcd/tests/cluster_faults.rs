@@ -16,7 +16,7 @@ use etcd_client::{Client, Txn, TxnOp, WatchOptions};
 use faults::load::{Load, assert_answers, raises, report, timeline};
 use faults::recorder::Recorder;
 use faults::replicas::{Answer, Replica};
-use faults::{BOUND, logs};
+use faults::{BOUND, logs, serial};
 use test_support::{EtcdCluster, StallProxy};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -25,13 +25,6 @@ const DRAIN: Duration = Duration::from_secs(5);
 
 /// How long the load runs once a frozen leader's cluster has settled.
 const AFTER_FREEZE: Duration = Duration::from_secs(6);
-
-/// One scenario at a time: each starts a cluster of its own, and on two cores
-/// two of them at once would measure each other, not their faults.
-async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
-    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-    SERIAL.lock().await
-}
 
 /// Three replicas, each with every member as its endpoints.
 async fn replicas(recorder: &Recorder, cluster: &EtcdCluster, prefix: &str) -> Arc<Vec<Replica>> {

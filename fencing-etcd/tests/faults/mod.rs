@@ -1,6 +1,8 @@
 //! What the cluster fault tests share: one recorder of every handler's entry
 //! and exit, replicas serving behind the layer, a load of raises, equal and
 //! stale tokens, and the warnings the stores logged.
+// Shared by several test binaries, each of which uses part of it.
+#![allow(dead_code)]
 
 pub(crate) mod load;
 pub(crate) mod logs;
@@ -11,3 +13,10 @@ use std::time::Duration;
 
 /// The longest any single wait of these tests may take.
 pub(crate) const BOUND: Duration = Duration::from_secs(20);
+
+/// One scenario at a time: each starts a cluster of its own, and on two cores
+/// two of them at once would measure each other, not their faults.
+pub(crate) async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    SERIAL.lock().await
+}

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use fencing_etcd::{ClaimTiming, EtcdSharedStore, connect_options};
+use fencing_etcd::{ClaimTiming, EtcdSharedStore, connect_options, member_clients};
 use fencing_layer::FencingLayer;
 use tokio::net::TcpListener;
 use tokio::time::{Instant, timeout};
@@ -17,11 +17,19 @@ pub(crate) fn timing() -> ClaimTiming {
     ClaimTiming::for_term(Duration::from_secs(2))
 }
 
+/// A store on `endpoints` (one client each) with `timing`, marks under `prefix`.
+pub(crate) async fn store(endpoints: &[String], prefix: &str, timing: ClaimTiming) -> EtcdSharedStore {
+    let clients = member_clients(endpoints, connect_options()).await.unwrap();
+    EtcdSharedStore::with_members(clients, prefix, timing).unwrap()
+}
+
 /// Every request's `x-request` id, unique in the test binary.
 static REQUESTS: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) struct Replica {
     pub(crate) index: usize,
+    /// The replica's store (a clone of the one behind its layer).
+    pub(crate) store: EtcdSharedStore,
     pub(crate) url: String,
     http: reqwest::Client,
     server: tokio::task::JoinHandle<()>,
@@ -49,16 +57,24 @@ impl Replica {
         prefix: &str,
         drain: Duration,
     ) -> Self {
-        let client = etcd_client::Client::connect(endpoints, Some(connect_options())).await.unwrap();
-        let store = EtcdSharedStore::with_timing(client, prefix, timing()).unwrap();
+        Self::serve(recorder, index, store(endpoints, prefix, timing()).await, drain).await
+    }
+
+    /// Replica `index` serving `store` behind the layer, raises waiting at most `drain`.
+    pub(crate) async fn serve(
+        recorder: &Recorder,
+        index: usize,
+        store: EtcdSharedStore,
+        drain: Duration,
+    ) -> Self {
         timeout(BOUND, store.ready()).await.expect("ready in time").unwrap();
-        let layer = FencingLayer::new().drain_timeout(drain).shared_store(store);
+        let layer = FencingLayer::new().drain_timeout(drain).shared_store(store.clone());
         let router = recorder.router(index, layer);
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let server = tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
         let http = reqwest::Client::builder().timeout(BOUND).build().unwrap();
-        Self { index, url, http, server }
+        Self { index, store, url, http, server }
     }
 
     /// `POST /r/{key}` with `token`; a request that gets no answer is status 0.

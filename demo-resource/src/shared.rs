@@ -33,12 +33,12 @@ impl SharedMarks {
     /// not 503s later.
     #[cfg(feature = "etcd")]
     pub(crate) async fn etcd(marks: &crate::EtcdMarks, timing: Option<ClaimTiming>) -> Result<Self, String> {
-        let options = fencing_etcd::connect_options();
-        let client = fencing_etcd::etcd_client::Client::connect(&marks.endpoints, Some(options))
+        // One client per member: a member that stalls is passed over, not waited on.
+        let clients = fencing_etcd::member_clients(&marks.endpoints, fencing_etcd::connect_options())
             .await
             .map_err(|e| format!("etcd {}: {e}", marks.endpoints.join(",")))?;
         let timing = timing.unwrap_or_else(|| ClaimTiming::for_term(fencing_etcd::DEFAULT_TERM));
-        let store = fencing_etcd::EtcdSharedStore::with_timing(client, marks.prefix.clone(), timing)
+        let store = fencing_etcd::EtcdSharedStore::with_members(clients, marks.prefix.clone(), timing)
             .map_err(|e| format!("etcd: {e}"))?;
         store.ready().await.map_err(|e| format!("etcd {}: {e}", marks.endpoints.join(",")))?;
         Ok(Self::Etcd(store))

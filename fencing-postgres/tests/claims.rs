@@ -38,6 +38,24 @@ fn drain(bound: Duration) -> FencingLayer {
     FencingLayer::new().drain_timeout(bound)
 }
 
+/// Two replicas on `pg` (the first named `replica-one`, 1 s claims), and a
+/// request with token 1 held inside the first.
+async fn held_on_replica_one(
+    pg: &OwnPg,
+    probe: &Probe,
+) -> (Arc<Replica>, Arc<Replica>, tokio::task::JoinHandle<(u16, serde_json::Value)>) {
+    let config = with_port(&pg.config(), pg.port, "replica-one");
+    let one =
+        Arc::new(Replica::with_timing(probe, config, drain(BOUND), PoolLimits::default(), short()).await);
+    let two = Arc::new(
+        Replica::with_timing(probe, pg.config(), drain(BOUND), PoolLimits::default(), short()).await,
+    );
+    probe.hold(1);
+    let held = one.spawn_post(1, 1);
+    probe.wait_inside(1, 1, 1).await;
+    (one, two, held)
+}
+
 /// Every session of one replica is terminated (`pg_terminate_backend`) while
 /// its request is inside: it opens a new session and renews its claim, and the
 /// raise waits for the request to leave.
@@ -45,15 +63,7 @@ fn drain(bound: Duration) -> FencingLayer {
 async fn a_terminated_session_does_not_free_the_claim() {
     let Some(pg) = OwnPg::start() else { return };
     let probe = Probe::default();
-    let config = with_port(&pg.config(), pg.port, "replica-one");
-    let one =
-        Arc::new(Replica::with_timing(&probe, config, drain(BOUND), PoolLimits::default(), short()).await);
-    let two = Arc::new(
-        Replica::with_timing(&probe, pg.config(), drain(BOUND), PoolLimits::default(), short()).await,
-    );
-    probe.hold(1);
-    let held = one.spawn_post(1, 1);
-    probe.wait_inside(1, 1, 1).await;
+    let (_one, two, held) = held_on_replica_one(&pg, &probe).await;
     let admin = common::connect_to(&pg.config()).await;
     let killed: i64 = admin
         .query_one(
@@ -83,15 +93,7 @@ async fn a_terminated_session_does_not_free_the_claim() {
 async fn either_background_connection_ending_ends_the_session() {
     let Some(pg) = OwnPg::start() else { return };
     let probe = Probe::default();
-    let config = with_port(&pg.config(), pg.port, "replica-one");
-    let one =
-        Arc::new(Replica::with_timing(&probe, config, drain(BOUND), PoolLimits::default(), short()).await);
-    let two = Arc::new(
-        Replica::with_timing(&probe, pg.config(), drain(BOUND), PoolLimits::default(), short()).await,
-    );
-    probe.hold(1);
-    let held = one.spawn_post(1, 1);
-    probe.wait_inside(1, 1, 1).await;
+    let (_one, two, held) = held_on_replica_one(&pg, &probe).await;
     let admin = common::connect_to(&pg.config()).await;
     // The hint connection's last statement is its LISTEN; the renewals' one, a renewal.
     for (which, last_statement) in [("hints", "LISTEN %"), ("renewals", "%unnest(%")] {

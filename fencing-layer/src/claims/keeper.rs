@@ -211,20 +211,9 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
                 let Some(inner) = store.upgrade() else { return };
                 inner.release_idle();
                 look_again = true;
-                if work.renewal.is_none() {
-                    work.renewal = Some(renew(&inner, &renewer, Which::Due));
-                }
+                work.renew_due(&inner, &renewer);
             }
-            replied = answer(&mut work.renewal) => {
-                let (sent, held, replied) = replied;
-                look_again = true;
-                let Some(inner) = store.upgrade() else { return };
-                if work.renewed(&inner, sent, &held, replied).is_break() {
-                    return;
-                }
-            }
-            replied = answer(&mut work.verify) => {
-                let (sent, held, replied) = replied;
+            (sent, held, replied) = either_answer(&mut work.renewal, &mut work.verify) => {
                 look_again = true;
                 let Some(inner) = store.upgrade() else { return };
                 if work.renewed(&inner, sent, &held, replied).is_break() {
@@ -248,15 +237,25 @@ async fn serve(store: &Weak<Inner>, rearm: &Notify, session: ClaimSession) {
             () = sleep_until(work.retry_at), if work.retry_at.is_some() => {
                 work.retry_at = None;
                 let Some(inner) = store.upgrade() else { return };
-                if work.renewal.is_none() {
-                    work.renewal = Some(renew(&inner, &renewer, Which::Due));
-                }
+                work.renew_due(&inner, &renewer);
             }
             _ = sweep.tick() => {
                 let Some(inner) = store.upgrade() else { return };
                 inner.sweep(&renewer);
             }
         }
+    }
+}
+
+/// The reply of whichever renewal in flight answers first: the periodic one,
+/// or the one of claims a release was heard for.
+async fn either_answer(
+    renewal: &mut Option<InFlight>,
+    verify: &mut Option<InFlight>,
+) -> (u64, Vec<(Arc<Claim>, u64)>, Replied<Renewal>) {
+    tokio::select! {
+        replied = answer(renewal) => replied,
+        replied = answer(verify) => replied,
     }
 }
 
@@ -283,6 +282,13 @@ type Replied<T> = Result<Result<T, StoreError>, Elapsed>;
 type Session = ControlFlow<()>;
 
 impl Work {
+    /// Sends the periodic renewal of the claims due, unless one is in flight.
+    fn renew_due(&mut self, inner: &Arc<Inner>, renewer: &Arc<dyn ClaimRenewer>) {
+        if self.renewal.is_none() {
+            self.renewal = Some(renew(inner, renewer, Which::Due));
+        }
+    }
+
     /// Sends what hints asked for, each once at a time: a full renewal (at
     /// most once a period, however many hints were lost), the renewal of
     /// claims a release was heard for, the read of marks a raise was heard for.

@@ -10,12 +10,12 @@
 //! full. A thread of its own, the journal, takes the lines and logs them with
 //! the application's subscriber; it may block as long as the sink likes.
 //!
-//! What is dropped is counted ([`ClaimStore::dropped_log_lines`]), and said in
+//! What is dropped is counted ([`ClaimStore::revocations`], and a metric), and said in
 //! the next line that gets through. The keeper logs once per renewal or
 //! revocation with counts, never once per claim, so a burst of ten thousand
 //! expiries is one line.
 //!
-//! [`ClaimStore::dropped_log_lines`]: super::ClaimStore::dropped_log_lines
+//! [`ClaimStore::revocations`]: super::ClaimStore::revocations
 
 use std::fmt::Write as _;
 use std::sync::Arc;

@@ -171,7 +171,7 @@ impl EtcdClaims {
     /// for a moment) would not expire, unlike a PostgreSQL row with its own
     /// expiry: the replica forgets the claim, nobody renews or deletes the row,
     /// and every raise of its key waits for it until the drain bound, for as
-    /// long as the replica lives (found by `tests/cluster_faults.rs`: a leader
+    /// long as the replica lives (found by `tests/cluster/cluster_faults.rs`: a leader
     /// killed under load left such rows, and raises of their keys got 503 for
     /// good). The store stops waiting for a release after a term, so the
     /// retries run in a task of their own.

@@ -49,7 +49,7 @@ pub(crate) fn never_sent(error: &Error) -> bool {
 /// With one of three members down, a third of all requests failed, and a
 /// renewal (a keepalive, then reads) or a grant (a keepalive, two Txns) often
 /// had one of them fail: sessions reopened, claims lapsed, raises waited,
-/// while two members served (found by `tests/cluster_faults.rs`, its leader
+/// while two members served (found by `tests/cluster/cluster_faults.rs`, its leader
 /// killed). A request that was never sent changed nothing, and one sent
 /// later is as good: a keepalive extends the lease from a later time, a read
 /// is as fresh, a Txn compares again.

@@ -50,7 +50,7 @@
 //!   next member asked too, and the first answer wins. So renewals (the
 //!   keepalive and the reads after it, 128 per Txn) and grants go on through
 //!   the others: with a follower frozen 8 s, a replica holding 10,000 claims
-//!   lost none (`tests/stalled_member.rs`). The watch stays on one member;
+//!   lost none (`tests/cluster/stalled_member.rs`). The watch stays on one member;
 //!   when that member stops answering, HTTP/2 keepalives end it within about
 //!   2 s and it is opened again on another from the revision after the last
 //!   one it delivered: hints come late, renewals never stop. With one client
@@ -76,7 +76,7 @@
 //!   that (`etcdctl lease revoke`, `etcdctl del`). Like deleting claim rows in
 //!   PostgreSQL, it frees claims while their requests may be inside. The watch
 //!   sees the claim deleted; the replica renews that claim at once, finds it
-//!   gone and stops its requests: 3–9 ms later in `tests/revoked_by_hand.rs`
+//!   gone and stops its requests: 3–9 ms later in `tests/cluster/revoked_by_hand.rs`
 //!   (without the watch, at its next renewal: up to two `renew_every` later).
 //!   Give no one but the replicas write access to the prefix.
 //! - **A member cut off from the others**: every read here is linearizable

@@ -1,8 +1,6 @@
 //! What the cluster fault tests share: one recorder of every handler's entry
 //! and exit, replicas serving behind the layer, a load of raises, equal and
 //! stale tokens, and the warnings the stores logged.
-// Shared by several test binaries, each of which uses part of it.
-#![allow(dead_code)]
 
 pub(crate) mod load;
 pub(crate) mod logs;

@@ -7,16 +7,14 @@
 //! invariants are checked on it. Each scenario prints how long admitted raises
 //! waited during its faults (`--nocapture` shows them).
 
-mod faults;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::faults::load::{Load, assert_answers, raises, report, timeline};
+use crate::faults::recorder::Recorder;
+use crate::faults::replicas::{Answer, Replica};
+use crate::faults::{BOUND, logs, serial};
 use etcd_client::{Client, Txn, TxnOp, WatchOptions};
-use faults::load::{Load, assert_answers, raises, report, timeline};
-use faults::recorder::Recorder;
-use faults::replicas::{Answer, Replica};
-use faults::{BOUND, logs, serial};
 use test_support::{EtcdCluster, StallProxy};
 use tokio::time::{Instant, sleep, timeout};
 

@@ -5,15 +5,13 @@
 //! and the request is stopped (503 claim-lost) well before the next scheduled
 //! renewal would have found it.
 
-mod faults;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::faults::recorder::Recorder;
+use crate::faults::replicas::{self, Answer, Replica};
+use crate::faults::{BOUND, serial};
 use etcd_client::{Client, GetOptions};
-use faults::recorder::Recorder;
-use faults::replicas::{self, Answer, Replica};
-use faults::{BOUND, serial};
 use fencing_etcd::{ClaimTiming, DEFAULT_TERM};
 use test_support::Etcd;
 use tokio::time::{Instant, timeout};

@@ -4,14 +4,12 @@
 //! replica that knows every member claims new keys. Two members serve all
 //! along, so renewals and grants must go on through them.
 
-mod faults;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use faults::recorder::Recorder;
-use faults::replicas::{self, Answer, Replica};
-use faults::{BOUND, logs, serial};
+use crate::faults::recorder::Recorder;
+use crate::faults::replicas::{self, Answer, Replica};
+use crate::faults::{BOUND, logs, serial};
 use fencing_etcd::{ClaimTiming, EtcdSharedStore};
 use fencing_layer::store::{SharedPermit, SharedStore};
 use test_support::EtcdCluster;

@@ -193,6 +193,12 @@ pub struct Config {
     /// when `url` goes through a transaction-pooling PgBouncer, which cannot
     /// carry `LISTEN`. The tests give it a route of its own to cut.
     pub claims_session_url: Option<String>,
+    /// With PostgreSQL: `url` goes through a pooler in transaction mode
+    /// (PgBouncer `pool_mode = transaction`): the bounds are set in each
+    /// transaction and nothing is prepared across transactions
+    /// (`fencing_postgres::Pooling::Transaction`, `--pg-pooling transaction`).
+    /// Left `false` through such a pooler, the replica refuses to start.
+    pub transaction_pooling: bool,
     /// With PostgreSQL: serve from a server that could lose an acknowledged
     /// commit in a crash or failover (`synchronous_commit = off`, an
     /// asynchronous standby), which is refused otherwise: a mark raised there
@@ -224,6 +230,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            transaction_pooling: false,
             etcd_marks: None,
             accept_volatile_commits: false,
         }
@@ -237,6 +244,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            transaction_pooling: false,
             etcd_marks: None,
             accept_volatile_commits: false,
         }
@@ -250,6 +258,7 @@ impl Config {
             verify_key: None,
             claim_timing: None,
             claims_session_url: None,
+            transaction_pooling: false,
             etcd_marks: None,
             accept_volatile_commits: false,
         }
@@ -429,7 +438,8 @@ impl Resource {
         // A key is fenced one way: by the shared marks (PostgreSQL's or etcd's), or in the transaction.
         let fence_in_transaction =
             config.fencing && fence_in_transaction && !shared_marks && config.etcd_marks.is_none();
-        let data = PgData::connect(url, fence_in_transaction, config.accept_volatile_commits)
+        let pooled = config.transaction_pooling;
+        let data = PgData::connect(url, fence_in_transaction, config.accept_volatile_commits, pooled)
             .await
             .map_err(|e| OpenError(format!("postgres: {e}")))?;
         let shared = match shared_marks {

@@ -128,6 +128,19 @@ struct Serve {
     /// Refused without it: a mark raised there can come back lower.
     #[arg(long, requires = "postgres")]
     accept_volatile_commits: bool,
+    /// With --postgres: what stands between the replica and PostgreSQL. `session`: a direct
+    /// connection or a pooler in session mode; `transaction`: a pooler in transaction mode
+    /// (PgBouncer pool_mode = transaction), where each transaction sets its own bounds and
+    /// nothing is prepared across transactions. The replica checks it at start-up and refuses
+    /// a mode its connection does not keep. See docs/replicas.md, "Behind PgBouncer".
+    #[arg(long, value_name = "MODE", default_value = "session", value_parser = ["session", "transaction"], requires = "postgres")]
+    pg_pooling: String,
+    /// With --shared-marks: where the replica's claims session (renewals, and LISTEN for raises
+    /// and releases) connects, if not to --postgres URL: the same database straight, or through a
+    /// pooler in session mode, when --postgres goes through a pooler in transaction mode (which
+    /// carries no notifications).
+    #[arg(long, value_name = "URL", requires = "shared_marks")]
+    claims_url: Option<String>,
     /// The layer decides through marks every replica shares in etcd (comma-separated client
     /// URLs, e.g. http://127.0.0.1:2379): replica claims on one etcd lease per process. Give
     /// every replica the same endpoints and --etcd-prefix. Needs demo-resource built with
@@ -207,7 +220,8 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
             fencing: true,
             verify_key: None,
             claim_timing: None,
-            claims_session_url: None,
+            claims_session_url: args.claims_url,
+            transaction_pooling: args.pg_pooling == "transaction",
             etcd_marks: None,
             accept_volatile_commits: args.accept_volatile_commits,
         },

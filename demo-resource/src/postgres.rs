@@ -30,7 +30,7 @@ use std::future::Future;
 
 use deadpool_postgres::Pool;
 use fencing_layer::claims::ClaimTiming;
-use fencing_postgres::{FenceError, PgFence, PoolLimits};
+use fencing_postgres::{FenceError, PgFence, PoolLimits, Pooling};
 use tokio_postgres::Row;
 use tokio_postgres::types::{ToSql, Type};
 
@@ -86,6 +86,8 @@ const DELETE: &str = "DELETE FROM demo_kv WHERE key = $1 RETURNING true";
 pub(crate) struct PgData {
     pool: Pool,
     fence: Option<PgFence>,
+    /// Through a transaction pooler: the bounds, set in each unfenced write's transaction.
+    set_local: Option<String>,
 }
 
 impl PgData {
@@ -95,23 +97,29 @@ impl PgData {
         url: &str,
         fence_in_transaction: bool,
         accept_volatile_commits: bool,
+        transaction_pooling: bool,
     ) -> Result<Self, String> {
         let config: tokio_postgres::Config = url.parse().map_err(|e| format!("bad URL: {e}"))?;
         // fencing-postgres's defaults: 16 connections, 5 s to get one or to wait
         // for a row lock (the layer's drain bound), sessions idle in a transaction
         // for 30 s ended (longer than the longest `delay_ms`), and a server that
         // could lose an acknowledged commit refused.
-        let limits = PoolLimits::default().accept_volatile_commits(accept_volatile_commits);
+        // Through a pooler in transaction mode, each transaction sets the bounds itself.
+        let pooling = if transaction_pooling { Pooling::Transaction } else { Pooling::Session };
+        let limits = PoolLimits::default().accept_volatile_commits(accept_volatile_commits).pooling(pooling);
         let pool = fencing_postgres::pool(config, limits).map_err(|e| e.to_string())?;
-        let fence = PgFence::new();
+        let fence = PgFence::new().for_pool(&limits);
         migrate(&pool, &fence).await.map_err(|e| match e.to_string() {
-            // The library names its own switch; a person at the CLI has a flag.
+            // The library names its own switches; a person at the CLI has flags.
             refused if refused.contains("accept_volatile_commits") => {
                 format!("{refused}; from the command line: --accept-volatile-commits")
             }
+            refused if refused.contains("Pooling::Transaction") => {
+                format!("{refused}; from the command line: --pg-pooling transaction")
+            }
             other => other,
         })?;
-        Ok(Self { pool, fence: fence_in_transaction.then_some(fence) })
+        Ok(Self { pool, fence: fence_in_transaction.then_some(fence), set_local: limits.set_local() })
     }
 
     /// The layer's marks shared by every replica on this database (`--shared-marks`),
@@ -142,6 +150,12 @@ impl PgData {
         }
         let mut client = self.pool.get().await?;
         let tx = client.transaction().await?;
+        if let Some(bounds) = &self.set_local
+            && !(self.fence.is_some() && token.is_some())
+        {
+            // Not fenced here (the fence sets them itself): the bounds for this transaction.
+            tx.batch_execute(bounds).await?;
+        }
         let mut wait = std::pin::pin!(wait);
         // No `delay_ms`: the write goes out right behind the fence, in the same
         // round trip (the fence is sent on its first poll, and `biased` polls it

@@ -51,6 +51,7 @@
 //! a client that goes away leaves no session behind.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
@@ -69,6 +70,10 @@ use crate::hints;
 /// How long any claim statement waits for a row lock.
 const LOCK_TIMEOUT: &str = "1s";
 
+/// How long a claim transaction may sit idle (a replica paused in the middle
+/// of its one round trip) before the server ends it and frees its rows.
+const IDLE_IN_TRANSACTION: &str = "5s";
+
 /// How long a statement on the background session may run, at most.
 const STATEMENT_TIMEOUT: &str = "5s";
 
@@ -84,11 +89,56 @@ pub(crate) struct PgClaims {
     pool: Pool,
     config: tokio_postgres::Config,
     fence: PgFence,
+    hints: Arc<HintsHeard>,
 }
+
+/// Whether the hint connection hears the channel: its own test notification
+/// came back (or not) when the session opened.
+#[derive(Debug, Default)]
+pub(crate) struct HintsHeard {
+    /// 0: not known yet; 1: heard; 2: not heard.
+    state: AtomicU8,
+    /// The warning is logged once per store, not once per session.
+    warned: AtomicBool,
+}
+
+impl HintsHeard {
+    /// `Some(true)` once the last session heard its test notification,
+    /// `Some(false)` if it did not within [`ECHO_WAIT`].
+    pub(crate) fn arrive(&self) -> Option<bool> {
+        match self.state.load(Ordering::Relaxed) {
+            1 => Some(true),
+            2 => Some(false),
+            _ => None,
+        }
+    }
+
+    fn record(&self, heard: bool) {
+        self.state.store(if heard { 1 } else { 2 }, Ordering::Relaxed);
+        if !heard && !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                waited_ms = ECHO_WAIT.as_millis() as u64,
+                "claims: this replica's hint connection does not hear the claims channel (LISTEN through a \
+                 pooler in transaction mode, such as PgBouncer with pool_mode = transaction, hears \
+                 nothing); raises and releases elsewhere are learnt from the renewals and the 100 ms \
+                 poll instead, so a raise may wait up to one renewal period plus its timeout longer \
+                 (never past the term); give the claims session a direct or session-pooled connection \
+                 (the config of PgSharedStore::new; demo-resource serve --claims-url)"
+            );
+        }
+    }
+}
+
+/// How long a new session waits for its test notification to come back.
+const ECHO_WAIT: Duration = Duration::from_secs(2);
 
 impl PgClaims {
     pub(crate) fn new(pool: Pool, config: tokio_postgres::Config, fence: PgFence) -> Self {
-        Self { pool, config, fence }
+        Self { pool, config, fence, hints: Arc::default() }
+    }
+
+    pub(crate) fn hints(&self) -> Arc<HintsHeard> {
+        Arc::clone(&self.hints)
     }
 
     async fn claim(
@@ -106,7 +156,7 @@ impl PgClaims {
         let seconds = term.as_secs_f64();
         let key_token: Params<'_> = &[(&key, Type::TEXT), (&wire, Type::INT8)];
         let key_only: Params<'_> = &[(&key, Type::TEXT)];
-        let bound = format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'");
+        let bound = bounds();
         let grant_params: Params<'_> = &[
             (&key, Type::TEXT),
             (&wire, Type::INT8),
@@ -178,7 +228,7 @@ impl PgClaims {
             .map_err(StoreError::log)?;
         let grant = i64::try_from(grant).map_err(StoreError::log)?;
         let params: Params<'_> = &[(&key, Type::TEXT), (&replica, Type::TEXT), (&grant, Type::INT8)];
-        let bound = format!("SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'");
+        let bound = bounds();
         let (begun, bounded, released, committed) = tokio::join!(
             client.batch_execute("BEGIN ISOLATION LEVEL READ COMMITTED"),
             client.batch_execute(&bound),
@@ -195,8 +245,10 @@ impl PgClaims {
     /// opens another session.
     async fn open(self) -> Result<ClaimSession, StoreError> {
         let (renewals_up, renewals_gone) = oneshot::channel::<()>();
-        let hints =
-            hints::listen(self.config.clone(), self.fence.claims_sql().channel.clone(), renewals_gone);
+        let channel = self.fence.claims_sql().channel.clone();
+        let payload = format!("p {:x}", fastrand_nonce());
+        let (echo, echoed) = hints::Echo::new(payload.clone());
+        let hints = hints::listen(self.config.clone(), channel.clone(), renewals_gone, echo);
         let renewals = async {
             let (client, connection) = self.config.connect(NoTls).await.map_err(StoreError::log)?;
             tokio::spawn(async move {
@@ -217,7 +269,17 @@ impl PgClaims {
             Ok(client)
         };
         let (events, client) = tokio::try_join!(hints, renewals)?;
-        let renewer = Renewer { client: Arc::new(client), fence: self.fence.clone() };
+        let client = Arc::new(client);
+        // Sent from the renewals' connection, heard (or not) on the hint one.
+        let (sender, heard) = (Arc::clone(&client), self.hints());
+        tokio::spawn(async move {
+            let notify = "SELECT pg_notify($1, $2)";
+            let sent = sender.query_typed(notify, &[(&channel, Type::TEXT), (&payload, Type::TEXT)]).await;
+            if sent.is_ok() {
+                heard.record(tokio::time::timeout(ECHO_WAIT, echoed).await.is_ok_and(|echo| echo.is_ok()));
+            }
+        });
+        let renewer = Renewer { client, fence: self.fence.clone() };
         Ok(ClaimSession { renewer: Box::new(renewer), events })
     }
 }
@@ -314,7 +376,13 @@ impl ClaimRenewer for Renewer {
 
     fn sweep(&self) -> BoxFuture<'static, Result<u64, StoreError>> {
         let (client, fence) = (Arc::clone(&self.client), self.fence.clone());
-        Box::pin(async move { client.execute(&fence.claims_sql().sweep, &[]).await.map_err(StoreError::log) })
+        Box::pin(async move {
+            // Unnamed, as every statement here: a transaction pooler keeps no prepared statement.
+            let rows = client.query_typed(&fence.claims_sql().sweep, &[]).await.map_err(StoreError::log)?;
+            let swept: Option<i64> =
+                rows.first().map(|row| row.try_get(0)).transpose().map_err(StoreError::log)?;
+            Ok(swept.map_or(0, |n| u64::try_from(n).unwrap_or(0)))
+        })
     }
 }
 
@@ -332,6 +400,25 @@ pub(crate) fn parse(payload: &str) -> Option<ClaimEvent> {
         "l" => Some(ClaimEvent::Released { key, token }),
         _ => None,
     }
+}
+
+/// The bounds of a claim or release transaction, set in it: they hold through
+/// a pooler in transaction mode too.
+fn bounds() -> String {
+    format!(
+        "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; \
+         SET LOCAL idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
+    )
+}
+
+/// A test notification's payload, unlike any other session's.
+fn fastrand_nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }
 
 /// Errors that mean "someone else holds it right now".

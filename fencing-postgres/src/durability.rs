@@ -89,7 +89,10 @@ impl std::error::Error for NotDurable {}
 ///
 /// The driver's error if the question itself failed.
 pub async fn check_durability(client: &Client) -> Result<Option<NotDurable>, tokio_postgres::Error> {
-    let row = client.query_one(ASK, &[]).await?;
+    // Unnamed (`query_typed`): no prepared statement outlives the question,
+    // which a pooler in transaction mode could not keep.
+    let rows = client.query_typed(ASK, &[]).await?;
+    let Some(row) = rows.first() else { return Ok(None) };
     let seen = Seen {
         synchronous_commit: row.try_get(0)?,
         in_recovery: row.try_get(1)?,

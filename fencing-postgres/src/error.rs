@@ -147,10 +147,13 @@ impl fmt::Display for FenceError {
                 "{key} is fenced through the shared store (replica claims); \
                  a key is fenced one way only, not also in the transaction"
             ),
-            Self::Retry(error) => write!(f, "the transaction conflicted with a concurrent one: {error}"),
-            Self::Unavailable(error) => write!(f, "the database is unavailable: {error}"),
+            Self::Retry(error) => {
+                write!(f, "the transaction conflicted with a concurrent one: {}", describe(error))
+            }
+            Self::Unavailable(error) => write!(f, "the database is unavailable: {}", describe(error)),
+            Self::Pool(PoolError::Backend(error)) => write!(f, "no database connection: {}", describe(error)),
             Self::Pool(error) => write!(f, "no database connection: {error}"),
-            Self::Database(error) => write!(f, "database error: {error}"),
+            Self::Database(error) => write!(f, "database error: {}", describe(error)),
             Self::MigrationBlocked { table, .. } => write!(
                 f,
                 "the fencing schema could not be migrated now: another session holds a lock on table \
@@ -172,5 +175,51 @@ impl std::error::Error for FenceError {
             Self::Pool(error) => Some(error),
             _ => None,
         }
+    }
+}
+
+/// The driver's error with what it keeps apart: the server's own message
+/// (tokio-postgres shows a server's refusal as a bare "db error"), the cause
+/// behind an I/O or TLS failure, and what a pooler's refusal means.
+pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
+    let mut text = error.to_string();
+    if let Some(db) = error.as_db_error() {
+        text = format!("{text}: {} {}: {}", db.severity(), db.code().code(), db.message());
+        if let Some(detail) = db.detail() {
+            text.push_str(&format!(" ({detail})"));
+        }
+        if let Some(hint) = pooler_hint(db.message()) {
+            text.push_str("; ");
+            text.push_str(hint);
+        }
+    } else {
+        let mut source = std::error::Error::source(error);
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !text.contains(&cause_text) {
+                text = format!("{text}: {cause_text}");
+            }
+            source = cause.source();
+        }
+    }
+    text
+}
+
+/// What PgBouncer's refusals mean for a replica, by their message.
+fn pooler_hint(message: &str) -> Option<&'static str> {
+    if message.starts_with("unsupported startup parameter") {
+        Some(
+            "a pooler (PgBouncer) refused a startup parameter: remove `options` from the connection \
+             string (the bounds are set after connecting; see fencing_postgres::pooling)",
+        )
+    } else if message.contains("statement pooling mode") {
+        Some("a pooler in statement mode allows no transaction: use pool_mode = transaction or session")
+    } else if message.contains("prepared statement") {
+        Some(
+            "a pooler in transaction mode does not keep prepared statements between transactions: \
+             build the pool with PoolLimits::pooling(Pooling::Transaction)",
+        )
+    } else {
+        None
     }
 }

@@ -67,6 +67,8 @@ const OFFSET: &str = "9223372036854775808";
 pub struct PgFence {
     sql: Arc<Statements>,
     known: Arc<KnownMarks>,
+    /// Under a transaction pooler: the bounds, set in each fenced transaction.
+    set_local: Option<Arc<str>>,
 }
 
 #[derive(Debug)]
@@ -113,7 +115,7 @@ pub(crate) struct ClaimStatements {
     pub(crate) renewed: String,
     /// `($1 keys)` → `(key, mark)`: the marks of those keys that have one. Locks nothing.
     pub(crate) read_marks: String,
-    /// Deletes up to [`SWEEP_ROWS`] expired claims, any replica's.
+    /// Deletes up to [`SWEEP_ROWS`] expired claims, any replica's → `(how many)`.
     pub(crate) sweep: String,
 }
 
@@ -148,8 +150,11 @@ pub(crate) const WAY_CLAIMS: &str = "claims";
 
 impl Default for PgFence {
     fn default() -> Self {
-        Self::table(Self { sql: Arc::new(Statements::empty()), known: Arc::default() }, DEFAULT_TABLE)
-            .expect("the default name is valid")
+        Self::table(
+            Self { sql: Arc::new(Statements::empty()), known: Arc::default(), set_local: None },
+            DEFAULT_TABLE,
+        )
+        .expect("the default name is valid")
     }
 }
 
@@ -179,7 +184,20 @@ impl PgFence {
     pub fn table(self, name: &str) -> Result<Self, InvalidTableName> {
         // The shared store's second table, `<name>_claims`, must be a valid name too.
         let claims = quote(&format!("{name}_claims"))?;
-        Ok(Self::build(name.to_owned(), quote(name)?, claims))
+        Ok(Self { set_local: self.set_local, ..Self::build(name.to_owned(), quote(name)?, claims) })
+    }
+
+    /// Fences transactions of a pool built with `limits`
+    /// ([`pool()`](crate::pool())). Under [`Pooling::Transaction`](crate::Pooling)
+    /// each fence then sets the pool's bounds in its transaction (`SET LOCAL`
+    /// of `lock_timeout` and `idle_in_transaction_session_timeout`, sent with
+    /// the fence: no extra round trip) and sends its statement unnamed; under
+    /// session pooling (the default) the pool's connections have the bounds
+    /// already, and this changes nothing.
+    #[must_use]
+    pub fn for_pool(mut self, limits: &crate::PoolLimits) -> Self {
+        self.set_local = limits.set_local().map(Arc::from);
+        self
     }
 
     /// The mark table's name, as given.
@@ -300,9 +318,13 @@ impl PgFence {
             ),
             read_marks: format!("SELECT key, (mark - {OFFSET})::int8 FROM {quoted} WHERE key = ANY($1::text[])"),
             sweep: format!(
-                "DELETE FROM {claims} WHERE ctid = ANY(ARRAY(
-                     SELECT ctid FROM {claims} WHERE expires_at <= clock_timestamp()
-                     LIMIT {SWEEP_ROWS} FOR UPDATE SKIP LOCKED))"
+                "WITH swept AS (
+                     DELETE FROM {claims} WHERE ctid = ANY(ARRAY(
+                         SELECT ctid FROM {claims} WHERE expires_at <= clock_timestamp()
+                         LIMIT {SWEEP_ROWS} FOR UPDATE SKIP LOCKED))
+                     RETURNING 1
+                 )
+                 SELECT count(*)::int8 FROM swept"
             ),
             channel,
         };
@@ -313,6 +335,7 @@ impl PgFence {
         Self {
             sql: Arc::new(Statements { table, migrate, lock, fence, claims: claims_sql }),
             known: Arc::default(),
+            set_local: None,
         }
     }
 
@@ -393,7 +416,9 @@ impl PgFence {
         let wire = to_wire(token);
         if self.known.is(key, token) {
             // The row is in place (`known.rs`): lock it and read its mark.
-            if let Some(row) = tx.fence_query(&self.sql.lock, key, wire).await?.first() {
+            if let Some(row) =
+                tx.fence_query(&self.sql.lock, key, wire, self.set_local.as_deref()).await?.first()
+            {
                 let mark = from_wire(row.try_get(0)?);
                 admits(key, token, mark, row.try_get(1)?)?;
                 if mark == token {
@@ -402,7 +427,7 @@ impl PgFence {
             }
             // Gone or lower behind this process's back: create or raise it below.
         }
-        let rows = tx.fence_query(&self.sql.fence, key, wire).await?;
+        let rows = tx.fence_query(&self.sql.fence, key, wire, self.set_local.as_deref()).await?;
         // No row: neither `cur` nor `up` had one. Only a race on a key's first
         // use does that: the row was inserted after this statement's snapshot
         // and belongs to the shared store (the upsert left it alone).

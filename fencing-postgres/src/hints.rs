@@ -25,6 +25,30 @@ use tokio_postgres::{AsyncMessage, Config, Connection, NoTls, Socket};
 
 use crate::claims::parse;
 
+/// The session's own test notification, and who waits to hear it: a hint
+/// connection behind a pooler in transaction mode hears nothing (PgBouncer
+/// drops a notification that arrives while no client is linked to the server
+/// session), and only a notification sent on purpose tells that apart from
+/// a quiet channel.
+pub(crate) struct Echo {
+    payload: String,
+    heard: Option<oneshot::Sender<()>>,
+}
+
+impl Echo {
+    /// Waits for `payload` (one that [`parse`] takes for no event).
+    pub(crate) fn new(payload: String) -> (Self, oneshot::Receiver<()>) {
+        let (heard, hearing) = oneshot::channel();
+        (Self { payload, heard: Some(heard) }, hearing)
+    }
+
+    fn heard(&mut self, payload: &str) {
+        if payload == self.payload {
+            self.heard.take().map(|heard| heard.send(()));
+        }
+    }
+}
+
 /// Most notifications taken off the socket before the thread looks at its
 /// stop signal again: a flood never keeps it from ending.
 const BATCH: usize = 1024;
@@ -37,6 +61,7 @@ pub(crate) async fn listen(
     config: Config,
     channel: String,
     until: oneshot::Receiver<()>,
+    echo: Echo,
 ) -> Result<broadcast::Receiver<ClaimEvent>, StoreError> {
     let (sender, events) = broadcast::channel(EVENTS);
     let (ready, listening) = oneshot::channel();
@@ -50,7 +75,7 @@ pub(crate) async fn listen(
             runtime.block_on(async move {
                 tokio::select! {
                     _ = until => {}
-                    () = hear(config, channel, sender, ready) => {}
+                    () = hear(config, channel, sender, ready, echo) => {}
                 }
             });
         })
@@ -66,12 +91,13 @@ async fn hear(
     channel: String,
     sender: broadcast::Sender<ClaimEvent>,
     ready: oneshot::Sender<Result<(), StoreError>>,
+    echo: Echo,
 ) {
     let (client, connection) = match config.connect(NoTls).await {
         Ok(connected) => connected,
         Err(error) => return drop(ready.send(Err(StoreError::log(error)))),
     };
-    let forwarding = forward(connection, sender);
+    let forwarding = forward(connection, sender, echo);
     tokio::pin!(forwarding);
     let listen = format!("LISTEN {channel}");
     tokio::select! {
@@ -95,13 +121,19 @@ async fn hear(
 /// Drives `connection`, sending each notification that parses to `sender`
 /// (a full channel drops the oldest; the keeper then reads every mark). Ends
 /// with the connection.
-async fn forward(mut connection: Connection<Socket, NoTlsStream>, sender: broadcast::Sender<ClaimEvent>) {
+async fn forward(
+    mut connection: Connection<Socket, NoTlsStream>,
+    sender: broadcast::Sender<ClaimEvent>,
+    mut echo: Echo,
+) {
     let ended = poll_fn(|cx| {
         for _ in 0..BATCH {
             match connection.poll_message(cx) {
                 Poll::Ready(Some(Ok(AsyncMessage::Notification(note)))) => {
                     if let Some(event) = parse(note.payload()) {
                         let _ = sender.send(event);
+                    } else {
+                        echo.heard(note.payload());
                     }
                 }
                 Poll::Ready(Some(Ok(_))) => {}

@@ -141,7 +141,9 @@ impl Migration {
 
     /// Looks, and changes what is missing (see the module docs).
     pub(crate) async fn run(&self, client: &Client) -> Result<(), FenceError> {
-        let current: bool = client.query_one(&self.look, &[]).await?.try_get(0)?;
+        // Unnamed: nothing prepared outlives the statement (a transaction pooler).
+        let looked = client.query_typed(&self.look, &[]).await?;
+        let current: bool = looked.first().map(|row| row.try_get(0)).transpose()?.unwrap_or(false);
         if current {
             return Ok(());
         }

@@ -1,11 +1,13 @@
 //! A deadpool pool whose every wait is bounded.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use deadpool_postgres::{BuildError, Manager, Pool, Runtime};
+use deadpool_postgres::{BuildError, Hook, HookError, Manager, Pool, Runtime};
 use tokio_postgres::NoTls;
 
-use crate::durability::durability_hook;
+use crate::durability::check_durability;
+use crate::pooling::{Bounds, Pooling, Verdict, probe};
 
 /// Bounds for [`pool`]. Every wait a fenced request can meet has one, so a
 /// request ends in a 503 rather than hanging, and nothing stays locked for long.
@@ -31,6 +33,12 @@ pub struct PoolLimits {
     /// [`durability`](crate::durability)). Default `false`: each new connection
     /// is checked, and a refused server is `PoolError::PostCreateHook`.
     pub accept_volatile_commits: bool,
+    /// What stands between this process and PostgreSQL: a direct connection
+    /// or a session pooler (the default), or a pooler in transaction mode
+    /// (see [`pooling`](crate::pooling)). The pool's first connection checks
+    /// that the bounds hold under it, and the pool refuses every connection
+    /// (`PoolError::PostCreateHook`, naming the setting and the pooler) if not.
+    pub pooling: Pooling,
 }
 
 impl Default for PoolLimits {
@@ -43,6 +51,7 @@ impl Default for PoolLimits {
             lock_timeout: fencing_layer::FencingLayer::DEFAULT_DRAIN_TIMEOUT,
             idle_in_transaction: Duration::from_secs(30),
             accept_volatile_commits: false,
+            pooling: Pooling::Session,
         }
     }
 }
@@ -56,33 +65,72 @@ impl PoolLimits {
         self.accept_volatile_commits = accept;
         self
     }
+
+    /// Connections go through `pooling` (see [`pooling`](crate::pooling)).
+    /// With [`Pooling::Transaction`], give the same limits to
+    /// [`PgFence::for_pool`](crate::PgFence::for_pool), so that each fenced
+    /// transaction sets the bounds itself.
+    #[must_use]
+    pub fn pooling(mut self, pooling: Pooling) -> Self {
+        self.pooling = pooling;
+        self
+    }
+
+    /// Under [`Pooling::Transaction`], the statement that sets both bounds
+    /// for one transaction (`SET LOCAL …`), for a transaction of your own
+    /// that is not fenced ([`PgFence::fence`](crate::PgFence::fence) sends it
+    /// itself); `None` under [`Pooling::Session`], where every connection of
+    /// the pool has them already.
+    #[must_use]
+    pub fn set_local(&self) -> Option<String> {
+        (self.pooling == Pooling::Transaction).then(|| self.bounds().sql(true))
+    }
+
+    pub(crate) fn bounds(&self) -> Bounds {
+        Bounds { lock_timeout: self.lock_timeout, idle_in_transaction: self.idle_in_transaction }
+    }
 }
 
 /// A pool of plain-TCP (no TLS) connections for `config`, within `limits`.
-/// The session settings go in the connection's startup options, after any
-/// `config` has. Connections are opened on first use, so a database that is
-/// down shows up as [`FenceError::Unavailable`](crate::FenceError::Unavailable) then,
-/// and one that could lose an acknowledged commit (see [`durability`](crate::durability))
-/// as [`FenceError::Pool`](crate::FenceError::Pool), unless `limits` accept it.
+/// Connections are opened on first use, so a database that is down shows up
+/// as [`FenceError::Unavailable`](crate::FenceError::Unavailable) then.
+///
+/// Nothing goes in the startup packet (a stock PgBouncer refuses `options`):
+/// under [`Pooling::Session`] each new connection sets the bounds with `SET`;
+/// under [`Pooling::Transaction`] the fenced transactions set them. The first
+/// connection checks that they hold ([`pooling`](crate::pooling)), and every
+/// new one that the server could not lose an acknowledged commit
+/// ([`durability`](crate::durability)) unless `limits` accept it; a refusal
+/// is [`FenceError::Pool`](crate::FenceError::Pool) with the reason.
 pub fn pool(mut config: tokio_postgres::Config, limits: PoolLimits) -> Result<Pool, BuildError> {
-    let settings = format!(
-        "-c lock_timeout={} -c idle_in_transaction_session_timeout={}",
-        limits.lock_timeout.as_millis(),
-        limits.idle_in_transaction.as_millis()
-    );
-    let options = match config.get_options() {
-        Some(given) if !given.is_empty() => format!("{given} {settings}"),
-        _ => settings,
-    };
-    config.options(options);
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(limits.wait);
     }
-    let mut builder = Pool::builder(Manager::new(config, NoTls));
-    if !limits.accept_volatile_commits {
-        builder = builder.post_create(durability_hook());
-    }
-    builder
+    let verdict = Arc::new(Verdict::default());
+    let second = config.clone();
+    let checks = Hook::async_fn(move |client, _| {
+        let (verdict, second) = (Arc::clone(&verdict), second.clone());
+        Box::pin(async move {
+            let other = || async move {
+                let (client, connection) = second.connect(NoTls).await?;
+                tokio::spawn(connection);
+                Ok(client)
+            };
+            probe(client, other, limits.pooling, limits.bounds(), &verdict)
+                .await
+                .map_err(HookError::message)?;
+            if !limits.accept_volatile_commits {
+                match check_durability(client).await {
+                    Ok(None) => {}
+                    Ok(Some(refused)) => return Err(HookError::message(refused.to_string())),
+                    Err(error) => return Err(HookError::Backend(error)),
+                }
+            }
+            Ok(())
+        })
+    });
+    Pool::builder(Manager::new(config, NoTls))
+        .post_create(checks)
         .max_size(limits.max_size)
         .wait_timeout(Some(limits.wait))
         .create_timeout(Some(limits.wait))

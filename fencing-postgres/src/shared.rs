@@ -8,13 +8,14 @@
 //! runs beside a lower one, whatever happens to database sessions;
 //! `claims.rs` in this crate says how PostgreSQL keeps each step.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use fencing_layer::claims::{ClaimStore, ClaimTiming, ClaimTimingError, check_text_key};
 use fencing_layer::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
 
-use crate::claims::PgClaims;
+use crate::claims::{HintsHeard, PgClaims};
 use crate::error::FenceError;
 use crate::fence::{MAX_KEY_BYTES, PgFence};
 
@@ -33,6 +34,7 @@ pub struct PgSharedStore {
     claims: ClaimStore,
     pool: Pool,
     fence: PgFence,
+    hints: Arc<HintsHeard>,
 }
 
 impl PgSharedStore {
@@ -42,7 +44,8 @@ impl PgSharedStore {
     #[must_use]
     pub fn new(pool: Pool, config: tokio_postgres::Config, fence: PgFence) -> Self {
         let backend = PgClaims::new(pool.clone(), config, fence.clone());
-        Self { claims: ClaimStore::new(backend), pool, fence }
+        let hints = backend.hints();
+        Self { claims: ClaimStore::new(backend), pool, fence, hints }
     }
 
     /// As [`new`](Self::new), with `timing`.
@@ -57,7 +60,8 @@ impl PgSharedStore {
         timing: ClaimTiming,
     ) -> Result<Self, ClaimTimingError> {
         let backend = PgClaims::new(pool.clone(), config, fence.clone());
-        Ok(Self { claims: ClaimStore::with_timing(backend, timing)?, pool, fence })
+        let hints = backend.hints();
+        Ok(Self { claims: ClaimStore::with_timing(backend, timing)?, pool, fence, hints })
     }
 
     /// At most `limit` keys claimed by this replica at once ([`ClaimStore::max_keys`]).
@@ -90,6 +94,19 @@ impl PgSharedStore {
     pub async fn migrate(&self) -> Result<(), FenceError> {
         let client = self.pool.get().await?;
         self.fence.migrate(&client).await
+    }
+
+    /// Whether the replica's hint connection hears raises and releases
+    /// (`LISTEN`): each session sends itself a test notification when it opens.
+    /// `None` until the first session has waited for it (up to 2 s), then
+    /// `Some(false)` when it did not come back: a `LISTEN` through a pooler in
+    /// transaction mode hears nothing. Raises then wait for renewals and polls
+    /// instead (up to one renewal period plus its timeout longer, never past the
+    /// term), and the replica logs a warning once; give `config` a direct or
+    /// session-pooled connection.
+    #[must_use]
+    pub fn hints_arrive(&self) -> Option<bool> {
+        self.hints.arrive()
     }
 
     /// The claims this replica holds.

@@ -32,6 +32,7 @@ mod etcd_cluster;
 #[cfg(feature = "postgres")]
 mod own_pg;
 mod peer_gate;
+mod pgbouncer;
 mod process;
 mod prometheus;
 mod proxy;
@@ -55,6 +56,7 @@ pub use etcd::Etcd;
 pub use etcd_cluster::EtcdCluster;
 #[cfg(feature = "postgres")]
 pub use own_pg::OwnPg;
+pub use pgbouncer::{PgBouncer, PoolMode};
 pub use prometheus::{prometheus_tool, promtool};
 pub use proxy::Proxy;
 pub use redis::Redis;
@@ -80,4 +82,10 @@ pub fn skip<T>(what: &str) -> Option<T> {
 /// before the caller binds it: the launchers retry with a new one).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Whether the tests run as root (uid 0): servers that refuse root then run as `postgres`.
+pub(crate) fn is_root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
 }

@@ -22,6 +22,7 @@ mod kill;
 mod kill_under_writes;
 mod log_pipe;
 mod operating_marks;
+mod pgbouncer;
 mod prometheus;
 mod replicas;
 mod routes;

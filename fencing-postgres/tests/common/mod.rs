@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+pub mod engine;
 pub mod replicas;
 
 /// The proxy that can stall (test-support's).

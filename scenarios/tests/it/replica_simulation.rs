@@ -299,6 +299,7 @@ async fn run_seed(seed: u64, mode: Mode) -> Option<SeedResult> {
             verify_key: None,
             claim_timing: Some(CLAIMS),
             claims_session_url: session,
+            transaction_pooling: false,
             etcd_marks: None,
             accept_volatile_commits: false,
         };

@@ -109,7 +109,7 @@ impl PgData {
         let limits = PoolLimits::default().accept_volatile_commits(accept_volatile_commits).pooling(pooling);
         let pool = fencing_postgres::pool(config, limits).map_err(|e| e.to_string())?;
         let fence = PgFence::new().for_pool(&limits);
-        migrate(&pool, &fence).await.map_err(|e| match e.to_string() {
+        migrate(&pool, &fence).await.map_err(|e| match e.to_string().trim_end().to_owned() {
             // The library names its own switches; a person at the CLI has flags.
             refused if refused.contains("accept_volatile_commits") => {
                 format!("{refused}; from the command line: --accept-volatile-commits")

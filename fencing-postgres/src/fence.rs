@@ -390,14 +390,19 @@ impl PgFence {
     /// Under READ COMMITTED (PostgreSQL's default) the wait ends with the
     /// latest committed mark. Under REPEATABLE READ or SERIALIZABLE, a mark
     /// changed since the transaction's snapshot is a serialization failure,
-    /// returned as [`FenceError::Retry`]. Bound the wait with
-    /// `SET LOCAL lock_timeout = '…'` before fencing; running out is `Retry` too.
+    /// returned as [`FenceError::Retry`]. The wait is bounded by the pool's
+    /// `lock_timeout` ([`PoolLimits`](crate::PoolLimits), set on each connection,
+    /// or here with [`for_pool`](Self::for_pool) under a transaction pooler); on a
+    /// connection of your own, `SET LOCAL lock_timeout = '…'` before fencing.
+    /// Running out is `Retry` too.
     ///
     /// Taking a transaction, not any client, is the point: on an autocommit
     /// connection the mark would commit, and unlock, before the write. A
     /// pooled (`deadpool_postgres`) transaction prepares the statement once per
     /// connection; a plain `tokio_postgres` one sends it unprepared each time
-    /// ([`FenceTransaction`]). Either way the statement goes out on this
+    /// ([`FenceTransaction`]); after [`for_pool`](Self::for_pool) with
+    /// [`Pooling::Transaction`](crate::Pooling), both send `SET LOCAL` of the
+    /// bounds and the statement unnamed. Either way the statement goes out on this
     /// future's first poll, so a write polled after it (`try_join!(biased;
     /// fence, write)`: the same round trip) runs after the key's row is locked or
     /// created (`known.rs` in the source says why that order matters).

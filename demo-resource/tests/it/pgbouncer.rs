@@ -203,3 +203,40 @@ async fn shared_marks_through_a_transaction_pooler_with_a_direct_claims_session(
     assert!(admitted_after <= term + Duration::from_secs(2));
     assert_eq!(tokens(&http, &b, path).await, [1, 2, 4], "the killed write landed");
 }
+
+/// `--shared-marks` through a transaction pooler with no `--claims-url`: the
+/// replicas' `LISTEN` hears nothing, each says so once, and a raise across
+/// replicas falls back to the renewals and the 100 ms poll: with the default
+/// 5 s term (a renewal every second, each bounded by a second), within about
+/// 2.1 s, never the term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_marks_without_a_claims_url_say_hints_are_lost_and_raises_fall_back_to_polls() {
+    let Some(db) = TestDb::create().await else { return };
+    let Some(bouncer) = PgBouncer::start(5432, PoolMode::Transaction).await else { return };
+    let spawn = || {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_demo-resource"));
+        command.args(["serve", "--listen", "127.0.0.1:0", "--postgres", &bouncer.url(db.name())]);
+        command.args(["--shared-marks", "--pg-pooling", "transaction"]).stderr(Stdio::piped());
+        ChildServer::spawn(command.env("RUST_LOG", "warn"))
+    };
+    let (a, b) = (spawn(), spawn());
+    let (a, b) = (a.ready(), b.ready());
+    let http = client();
+    // Each new session waits up to 2 s for its test notification.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let mut waits = Vec::new();
+    for round in 0..3u64 {
+        let path = format!("/logs/fallback-{round}");
+        assert_eq!(post(&http, &a, &path, 1, "a1").await, 201);
+        let asked = Instant::now();
+        assert_eq!(post(&http, &b, &path, 2, "b2").await, 201);
+        waits.push(asked.elapsed());
+        assert_eq!(post(&http, &a, &path, 1, "a1-late").await, 409, "the stale write got through");
+    }
+    eprintln!("raises across replicas without hints: {waits:?}");
+    assert!(waits.iter().all(|wait| *wait < Duration::from_millis(3500)), "a raise waited {waits:?}");
+    for replica in [&a, &b] {
+        let warned = replica.stderr().matches("does not hear the claims channel").count();
+        assert_eq!(warned, 1, "the warning, once: {}", replica.stderr());
+    }
+}

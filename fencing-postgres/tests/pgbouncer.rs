@@ -117,3 +117,19 @@ async fn replicas_start_together_through_a_transaction_pooler_and_know_whether_h
     let heard: Vec<_> = stores.iter().map(|store| store.hints_arrive()).collect();
     assert_eq!(heard, [Some(false), Some(false), Some(false), Some(false), Some(false), Some(true)]);
 }
+
+/// A stock PgBouncer refuses a startup parameter it does not know: the error
+/// says what the pooler said and what to do, not a bare "db error".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poolers_refusal_is_named_in_the_error() {
+    let Some(db) = TestDb::create().await else { return };
+    let Some(bouncer) = PgBouncer::start(5432, PoolMode::Session).await else { return };
+    let mut config = with_port(&db.config(), bouncer.port, "refused");
+    config.options("-c lock_timeout=1000");
+    let pool = fencing_postgres::pool(config, PoolLimits::default()).unwrap();
+    let text = FenceError::from(pool.get().await.expect_err("PgBouncer refuses `options`")).to_string();
+    eprintln!("{text}");
+    for words in ["unsupported startup parameter: options", "remove `options`"] {
+        assert!(text.contains(words), "{text}");
+    }
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Shows that the in-transaction fence's tests (tests/concurrency.rs) catch each mutant of
+# Shows that the in-transaction fence's tests (tests/it/concurrency.rs) catch each mutant of
 # the fence, and pass without one. The mutants are compiled in only with the `mutants`
 # feature (tests only) and switched on by FENCING_MUTANT, read when a PgFence is built:
 #
@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-run() { cargo test -q --workspace --all-features --test concurrency -- --test-threads 1; }
+run() { cargo test -q --workspace --all-features --test it -- concurrency:: --test-threads 1; }
 mutants=(unlocked-fence)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT

@@ -1,12 +1,10 @@
 //! The fence's contract on one connection at a time: stale, equal, higher;
 //! the whole u64 range; migrations and table names; errors a retry cures.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{TestDb, TestDbExt, mark};
+use crate::common::{TestDb, TestDbExt, mark};
 use fencing_postgres::{FenceError, Fenced, MAX_KEY_BYTES, PgFence, PoolLimits};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;

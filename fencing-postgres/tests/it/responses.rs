@@ -4,17 +4,15 @@
 
 #![cfg(feature = "axum")]
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::{TestDb, TestDbExt};
 use axum::Router;
 use axum::body::{Body, Bytes, to_bytes};
 use axum::extract::{Path, State};
 use axum::http::{Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::put;
-use common::{TestDb, TestDbExt};
 use deadpool_postgres::Pool;
 use fencing_layer::{FencingLayer, FencingToken, Rejection, respond::ProblemJson};
 use fencing_postgres::{FenceError, PgFence, PoolLimits};

@@ -10,13 +10,11 @@
 //! Restarts and terminations run on a PostgreSQL server of the test's own
 //! (test-support's `OwnPg`), never the shared one.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::replicas::{PgReplica, Probe, Replica};
-use common::{BOUND, Rng, TestDb, with_port};
+use crate::common::replicas::{PgReplica, Probe, Replica};
+use crate::common::{BOUND, Rng, TestDb, with_port};
 use fencing_layer::FencingLayer;
 use fencing_layer::claims::ClaimTiming;
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
@@ -64,7 +62,7 @@ async fn a_terminated_session_does_not_free_the_claim() {
     let Some(pg) = OwnPg::start() else { return };
     let probe = Probe::default();
     let (_one, two, held) = held_on_replica_one(&pg, &probe).await;
-    let admin = common::connect_to(&pg.config()).await;
+    let admin = crate::common::connect_to(&pg.config()).await;
     let killed: i64 = admin
         .query_one(
             "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'replica-one'",
@@ -94,7 +92,7 @@ async fn either_background_connection_ending_ends_the_session() {
     let Some(pg) = OwnPg::start() else { return };
     let probe = Probe::default();
     let (_one, two, held) = held_on_replica_one(&pg, &probe).await;
-    let admin = common::connect_to(&pg.config()).await;
+    let admin = crate::common::connect_to(&pg.config()).await;
     // The hint connection's last statement is its LISTEN; the renewals' one, a renewal.
     for (which, last_statement) in [("hints", "LISTEN %"), ("renewals", "%unnest(%")] {
         let listening = backend(&admin, "LISTEN %").await;
@@ -187,10 +185,10 @@ async fn a_database_restart_under_load_lets_no_token_overlap() {
     assert!(statuses.iter().filter(|s| **s == 200).count() > 20, "{statuses:?}");
     probe.assert_invariants();
     // Every admitted token is at most the key's mark after the restart.
-    let admin = common::connect_to(&pg.config()).await;
+    let admin = crate::common::connect_to(&pg.config()).await;
     for key in 0..2_u64 {
         let admitted = probe.events().iter().filter(|e| e.0 == key && e.2).map(|e| e.1).max();
-        let mark = common::mark(&admin, &format!("/r/{key}")).await.map(|m| m.parse::<u64>().unwrap());
+        let mark = crate::common::mark(&admin, &format!("/r/{key}")).await.map(|m| m.parse::<u64>().unwrap());
         assert!(admitted <= mark, "key {key}: admitted {admitted:?} but the mark is {mark:?}");
     }
 }
@@ -217,7 +215,11 @@ async fn the_two_ways_of_fencing_refuse_each_others_keys() {
     let (status, problem) = one.post(2, 4).await;
     assert_eq!(status, 400, "{problem}");
     assert!(problem["detail"].as_str().unwrap().contains("fenced in-transaction"), "{problem}");
-    assert_eq!(common::mark(&db.connect().await, "/r/2").await.as_deref(), Some("3"), "the mark moved");
+    assert_eq!(
+        crate::common::mark(&db.connect().await, "/r/2").await.as_deref(),
+        Some("3"),
+        "the mark moved"
+    );
 }
 
 /// The database goes away (the test's own server, stopped). A token the

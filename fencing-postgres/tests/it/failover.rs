@@ -17,15 +17,13 @@
 //! `FENCING_FAULT_ROUNDS` (default 1) repeats each fault; RELIABILITY.md has
 //! the figures of longer runs.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::replicas::{PgReplica, Probe, Replica};
-use common::{BOUND, TestDb, connect_to, mark};
+use crate::common::replicas::{PgReplica, Probe, Replica};
+use crate::common::{BOUND, TestDb, connect_to, mark};
 use deadpool_postgres::Pool;
 use fencing_client::{LockBackendExt, LockError, PgLockClient};
 use fencing_layer::FencingLayer;

@@ -2,13 +2,11 @@
 //! `conformance.rs` runs: test-support's suite): requests inside hold no pooled
 //! connection, and a database that is not there is a 503 before any handler.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::TestDb;
-use common::replicas::{PgReplica, Probe, Replica, Workers};
+use crate::common::TestDb;
+use crate::common::replicas::{PgReplica, Probe, Replica, Workers};
 use fencing_layer::FencingLayer;
 use fencing_postgres::{PgFence, PgSharedStore, PoolLimits};
 use tokio::net::TcpListener;

@@ -8,14 +8,12 @@
 //! probe records every handler's entry and exit in one order (one mutex: one
 //! clock), and the order is checked.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::replicas::{PgReplica, Probe, Replica, Setup};
-use common::stall::StallProxy;
-use common::{BOUND, TestDb, port_of, with_port};
+use crate::common::replicas::{PgReplica, Probe, Replica, Setup};
+use crate::common::stall::StallProxy;
+use crate::common::{BOUND, TestDb, port_of, with_port};
 use fencing_layer::FencingLayer;
 use fencing_layer::claims::ClaimTiming;
 use fencing_layer::store::{SharedRefusal, SharedStore, StoreError};
@@ -120,14 +118,14 @@ async fn forged_notifications_change_nothing() {
     let probe = Probe::default();
     let one = Arc::new(Replica::build(&probe, drain(BOUND), Setup::new(pg.config(), short())).await);
     let two = Arc::new(Replica::build(&probe, drain(BOUND), Setup::new(pg.config(), short())).await);
-    let admin = common::connect_to(&pg.config()).await;
+    let admin = crate::common::connect_to(&pg.config()).await;
     admin
         .batch_execute("CREATE ROLE forger LOGIN; REVOKE ALL ON ALL TABLES IN SCHEMA public FROM forger")
         .await
         .unwrap();
     let mut as_forger = pg.config();
     as_forger.user("forger");
-    let forger = common::connect_to(&as_forger).await;
+    let forger = crate::common::connect_to(&as_forger).await;
     let denied = forger.query("SELECT * FROM fencing_marks", &[]).await;
     assert!(denied.is_err(), "the forger can read the marks: the test proves nothing");
     let channel = PgFence::new().claims_channel().to_owned();

@@ -3,13 +3,11 @@
 //! conformance suite in each mode, in-transaction fences racing through a
 //! transaction pooler, replicas starting together, and what a replica hears.
 
-mod common;
-
 use std::time::Duration;
 
-use common::engine::{Pg, SessionPooler, TransactionPooler};
-use common::replicas::ready_store;
-use common::{TestDb, with_port};
+use crate::common::engine::{Pg, SessionPooler, TransactionPooler};
+use crate::common::replicas::ready_store;
+use crate::common::{TestDb, with_port};
 use fencing_layer::claims::ClaimTiming;
 use fencing_postgres::{FenceError, PgFence, PoolLimits, Pooling};
 use test_support::{PgBouncer, PoolMode, shared_store_conformance};
@@ -62,7 +60,7 @@ async fn fences_race_through_a_transaction_pooler_in_token_order() {
     let pool = fencing_postgres::pool(with_port(&db.config(), bouncer.port, "racer"), limits).unwrap();
     let fence = PgFence::new().for_pool(&limits);
     fence.migrate(&pool.get().await.unwrap()).await.unwrap();
-    let mut rng = common::Rng::from_clock();
+    let mut rng = crate::common::Rng::from_clock();
     let tasks: Vec<_> = (0..400)
         .map(|_| {
             let (pool, fence, token) = (pool.clone(), fence.clone(), 1 + rng.below(60));

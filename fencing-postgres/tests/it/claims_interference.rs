@@ -5,13 +5,11 @@
 //! Each replica is a real axum server; one probe records every handler's
 //! entry and exit in one order (one mutex: one clock), and the order is checked.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::replicas::{PgReplica, Probe, Replica, Setup};
-use common::{BOUND, TestDb};
+use crate::common::replicas::{PgReplica, Probe, Replica, Setup};
+use crate::common::{BOUND, TestDb};
 use fencing_layer::FencingLayer;
 use fencing_layer::claims::{ClaimStore, ClaimTiming};
 use fencing_postgres::{FenceError, PgFence};
@@ -152,12 +150,12 @@ struct Forger {
 
 impl Forger {
     async fn create(config: &Config) -> Self {
-        let admin = common::connect_to(config).await;
+        let admin = crate::common::connect_to(config).await;
         let role = format!("fencing_forger_{}", std::process::id());
         admin.batch_execute(&format!("DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN")).await.unwrap();
         let mut as_role = config.clone();
         as_role.user(&role);
-        let forger = common::connect_to(&as_role).await;
+        let forger = crate::common::connect_to(&as_role).await;
         let denied = forger.query("SELECT * FROM fencing_marks_claims", &[]).await;
         assert!(denied.is_err(), "the forger can read the claims: the test proves nothing");
         Self { admin, role, config: as_role }
@@ -171,7 +169,7 @@ impl Forger {
             .map(|_| {
                 let (config, channel) = (self.config.clone(), channel.clone());
                 tokio::spawn(async move {
-                    let forger = common::connect_to(&config).await;
+                    let forger = crate::common::connect_to(&config).await;
                     // Distinct payloads: identical ones in one transaction are sent once.
                     let sql =
                         "SELECT count(pg_notify($1, 'r ' || (1000000000 + i)::text || ' /r/' || (i % 3 + 1)))

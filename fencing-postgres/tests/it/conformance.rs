@@ -1,9 +1,7 @@
 //! test-support's shared-store conformance suite on PostgreSQL: every scenario
 //! against `PgSharedStore`, each on a throwaway database of the shared server.
 
-mod common;
-
-use common::engine::{Direct, Pg};
+use crate::common::engine::{Direct, Pg};
 use test_support::shared_store_conformance;
 
 shared_store_conformance!(Pg<Direct>);

@@ -1,11 +1,9 @@
 //! Data and mark commit together or not at all, and nothing stays locked when
 //! a transaction's connection goes away.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{BOUND, TestDb, TestDbExt, lock_waiters, mark};
+use crate::common::{BOUND, TestDb, TestDbExt, lock_waiters, mark};
 use fencing_postgres::{FenceError, PgFence, PoolLimits};
 use tokio::time::timeout;
 use tokio_postgres::Client;

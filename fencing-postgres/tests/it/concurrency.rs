@@ -1,11 +1,9 @@
 //! Invariants 1 and 2 across replicas: several pools on one database, racing
 //! writes to one key inside fenced transactions.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{BOUND, Rng, TestDb, TestDbExt, lock_waiters};
+use crate::common::{BOUND, Rng, TestDb, TestDbExt, lock_waiters};
 use deadpool_postgres::Pool;
 use fencing_postgres::{FenceError, Fenced, PgFence, PoolLimits};
 use tokio::task::JoinSet;
@@ -111,7 +109,7 @@ async fn racing_replicas_commit_tokens_in_order() {
     assert_eq!(tokens.len(), committed);
     assert!(tokens.windows(2).all(|pair| pair[0] <= pair[1]), "tokens went down in commit order: {tokens:?}");
     assert_eq!(tokens.last(), Some(&highest_drawn), "the highest token is never stale");
-    assert_eq!(common::mark(&observer, KEY).await, Some(highest_drawn.to_string()));
+    assert_eq!(crate::common::mark(&observer, KEY).await, Some(highest_drawn.to_string()));
 }
 
 /// Invariant 2's wait, on both of the fence's statements: the lower holder's
@@ -154,7 +152,7 @@ async fn a_higher_token_waits_until_the_lower_one_committed() {
         });
         // Blocked on the lower holder's lock; without it, the raise commits here.
         let blocked = timeout(BOUND, async {
-            while !higher.is_finished() && !common::blocked_on_lock(&observer).await {
+            while !higher.is_finished() && !crate::common::blocked_on_lock(&observer).await {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         });
@@ -266,7 +264,7 @@ async fn first_uses_racing_with_pipelined_writes_keep_only_the_higher_token() {
             assert_eq!(outcome.unwrap(), Fenced { token: 6, previous: 5 });
             assert_eq!(rows, ["5", "6"]);
         }
-        assert_eq!(common::mark(&observer, &key).await, Some(first.max(second).to_string()));
+        assert_eq!(crate::common::mark(&observer, &key).await, Some(first.max(second).to_string()));
     }
 }
 

@@ -59,10 +59,11 @@ use fencing_layer::claims::{
 };
 use fencing_layer::store::StoreError;
 use tokio::sync::oneshot;
+use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls};
 
+use crate::connect::{PgConnect, store_error};
 use crate::fence::{MAX_KEY_BYTES, PgFence, WAY_TRANSACTION, from_wire, to_wire};
 use crate::hints;
 
@@ -82,12 +83,12 @@ type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
 #[derive(Clone)]
 pub(crate) struct PgClaims {
     pool: Pool,
-    config: tokio_postgres::Config,
+    config: PgConnect,
     fence: PgFence,
 }
 
 impl PgClaims {
-    pub(crate) fn new(pool: Pool, config: tokio_postgres::Config, fence: PgFence) -> Self {
+    pub(crate) fn new(pool: Pool, config: PgConnect, fence: PgFence) -> Self {
         Self { pool, config, fence }
     }
 
@@ -198,7 +199,7 @@ impl PgClaims {
         let hints =
             hints::listen(self.config.clone(), self.fence.claims_sql().channel.clone(), renewals_gone);
         let renewals = async {
-            let (client, connection) = self.config.connect(NoTls).await.map_err(StoreError::log)?;
+            let (client, connection) = self.config.connect().await.map_err(store_error)?;
             tokio::spawn(async move {
                 // Dropped when the connection ends: the hint thread ends with it.
                 let _up = renewals_up;

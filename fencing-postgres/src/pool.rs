@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use deadpool_postgres::{BuildError, Manager, Pool, Runtime};
-use tokio_postgres::NoTls;
 
+use crate::connect::PgConnect;
 use crate::durability::durability_hook;
 
 /// Bounds for [`pool`]. Every wait a fenced request can meet has one, so a
@@ -58,13 +58,15 @@ impl PoolLimits {
     }
 }
 
-/// A pool of plain-TCP (no TLS) connections for `config`, within `limits`.
+/// A pool of connections to `config` (a [`PgConnect`], or a `tokio_postgres::Config`: TLS as
+/// its `sslmode` and `sslrootcert` say), within `limits`.
 /// The session settings go in the connection's startup options, after any
 /// `config` has. Connections are opened on first use, so a database that is
 /// down shows up as [`FenceError::Unavailable`](crate::FenceError::Unavailable) then,
 /// and one that could lose an acknowledged commit (see [`durability`](crate::durability))
 /// as [`FenceError::Pool`](crate::FenceError::Pool), unless `limits` accept it.
-pub fn pool(mut config: tokio_postgres::Config, limits: PoolLimits) -> Result<Pool, BuildError> {
+pub fn pool(config: impl Into<PgConnect>, limits: PoolLimits) -> Result<Pool, BuildError> {
+    let (mut config, tls) = config.into().into_parts();
     let settings = format!(
         "-c lock_timeout={} -c idle_in_transaction_session_timeout={}",
         limits.lock_timeout.as_millis(),
@@ -78,7 +80,7 @@ pub fn pool(mut config: tokio_postgres::Config, limits: PoolLimits) -> Result<Po
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(limits.wait);
     }
-    let mut builder = Pool::builder(Manager::new(config, NoTls));
+    let mut builder = Pool::builder(Manager::new(config, tls));
     if !limits.accept_volatile_commits {
         builder = builder.post_create(durability_hook());
     }

@@ -8,7 +8,8 @@
 //!   Ctrl-C or SIGTERM.
 //! * `demo-resource serve --postgres URL [--shared-marks | --local-marks | --no-fencing]` (built
 //!   with `--features postgres`) keeps the data in PostgreSQL (`postgres://user@host:port/db`
-//!   or `host=… dbname=…`); several `serve` processes given the same URL are replicas of one resource.
+//!   or `host=… dbname=…`, with libpq's `sslmode` and `sslrootcert` for TLS); several `serve`
+//!   processes given the same URL are replicas of one resource.
 //!   Each write is fenced in its own transaction, with marks in the database
 //!   that every replica checks (and by the per-process layer in front). It
 //!   creates the tables at start-up if missing. `--local-marks` keeps only the
@@ -108,8 +109,9 @@ struct Serve {
     #[arg(long, conflicts_with = "data_dir")]
     in_memory: bool,
     /// Keep the data in this PostgreSQL database; processes given the same URL are
-    /// replicas of one resource. Each write is fenced in its own transaction. Needs
-    /// demo-resource built with `--features postgres`.
+    /// replicas of one resource. Each write is fenced in its own transaction. TLS as
+    /// libpq's `sslmode` and `sslrootcert` say (`?sslmode=verify-full&sslrootcert=ca.pem`).
+    /// Needs demo-resource built with `--features postgres`.
     #[arg(long, value_name = "URL", conflicts_with_all = ["data_dir", "in_memory"])]
     postgres: Option<String>,
     /// With --postgres: fence with each process's own marks only, not in the

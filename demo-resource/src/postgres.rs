@@ -91,15 +91,16 @@ pub(crate) struct PgData {
 }
 
 impl PgData {
-    /// Connects to `url` (`postgres://…` or `host=… dbname=…`) and creates the
-    /// mark table and the data tables if missing.
+    /// Connects to `url` (`postgres://…` or `host=… dbname=…`; TLS as its
+    /// `sslmode` and `sslrootcert` say) and creates the mark table and the data
+    /// tables if missing.
     pub(crate) async fn connect(
         url: &str,
         fence_in_transaction: bool,
         accept_volatile_commits: bool,
         transaction_pooling: bool,
     ) -> Result<Self, String> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| format!("bad URL: {e}"))?;
+        let config: fencing_postgres::PgConnect = url.parse().map_err(|e| format!("bad URL: {e}"))?;
         // fencing-postgres's defaults: 16 connections, 5 s to get one or to wait
         // for a row lock (the layer's drain bound), sessions idle in a transaction
         // for 30 s ended (longer than the longest `delay_ms`), and a server that
@@ -129,7 +130,7 @@ impl PgData {
         url: &str,
         timing: ClaimTiming,
     ) -> Result<fencing_postgres::PgSharedStore, String> {
-        let config: tokio_postgres::Config = url.parse().map_err(|e| format!("bad URL: {e}"))?;
+        let config: fencing_postgres::PgConnect = url.parse().map_err(|e| format!("bad URL: {e}"))?;
         fencing_postgres::PgSharedStore::with_timing(self.pool.clone(), config, PgFence::new(), timing)
             .map_err(|e| e.to_string())
     }

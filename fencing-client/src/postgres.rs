@@ -4,13 +4,13 @@
 //! See [`PgLockClient`] for the tables, the statements and why the tokens are durable.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use deadpool_postgres::{HookError, Manager, Pool, PoolError, Runtime};
-use tokio_postgres::NoTls;
+use fencing_postgres::PgConnect;
+use fencing_postgres::connect::describe_error;
 use tokio_postgres::error::SqlState;
 
 use crate::backend::{Grant, LockError, LockProtocol, LockStatus, check_name_and_holder};
@@ -193,22 +193,27 @@ impl Statements {
 
 impl PgLockClient {
     /// A client of the database at `url`: a `postgres://user@host:port/db` URL or a
-    /// `host=… dbname=…` string (plain TCP, no TLS). Connections open on first use, at
-    /// most 8 at once, each within 5 s (unless the URL sets `connect_timeout`).
+    /// `host=… dbname=…` string, TLS as its `sslmode` and `sslrootcert` say, as in libpq
+    /// (`?sslmode=verify-full&sslrootcert=/path/ca.pem`; [`fencing_postgres::connect`] has
+    /// what each mode checks). Connections open on first use, at most 8 at once, each
+    /// within 5 s (unless the URL sets `connect_timeout`).
     /// Run [`PgLockClient::migrate`] once before the first lock.
     pub fn connect(url: &str) -> Result<Self, LockError> {
-        let config = tokio_postgres::Config::from_str(url)
-            .map_err(|e| LockError::InvalidArgument(format!("bad PostgreSQL URL: {e}")))?;
+        let config: PgConnect =
+            url.parse().map_err(|e| LockError::InvalidArgument(format!("bad PostgreSQL URL: {e}")))?;
         Self::connect_with(config)
     }
 
-    /// As [`PgLockClient::connect`], from parsed settings.
-    pub fn connect_with(mut config: tokio_postgres::Config) -> Result<Self, LockError> {
+    /// As [`PgLockClient::connect`], from parsed settings: a [`PgConnect`], or a
+    /// `tokio_postgres::Config` (its `sslmode` as libpq means it: `prefer`, the default,
+    /// uses TLS when the server offers it, without checking its certificate).
+    pub fn connect_with(config: impl Into<PgConnect>) -> Result<Self, LockError> {
+        let (mut config, tls) = config.into().into_parts();
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_BOUND);
         }
         let accept_volatile = Arc::new(AtomicBool::new(false));
-        let pool = Pool::builder(Manager::new(config, NoTls))
+        let pool = Pool::builder(Manager::new(config, tls))
             .post_create(pg_durability::hook(Arc::clone(&accept_volatile)))
             .max_size(8)
             .wait_timeout(Some(CONNECT_BOUND))
@@ -404,7 +409,7 @@ fn pool_error(e: PoolError) -> LockError {
         PoolError::Timeout(_) => LockError::Timeout,
         PoolError::Backend(e) | PoolError::PostCreateHook(HookError::Backend(e)) => pg_error(e),
         PoolError::PostCreateHook(HookError::Message(refused)) => LockError::NotDurable(refused.into_owned()),
-        other => LockError::Transport(format!("PostgreSQL pool: {other}")),
+        other => LockError::Transport(format!("PostgreSQL pool: {}", describe_error(&other))),
     }
 }
 
@@ -422,7 +427,9 @@ fn pg_error(e: tokio_postgres::Error) -> LockError {
         }
         return LockError::Rejected { status: 0, detail: format!("{}: {}", code.code(), db.message()) };
     }
-    LockError::Transport(format!("PostgreSQL: {e}"))
+    // Its causes too: tokio-postgres's own message is often only "db error" or "error
+    // performing TLS handshake".
+    LockError::Transport(format!("PostgreSQL: {}", describe_error(&e)))
 }
 
 /// `name` as a quoted, possibly schema-qualified identifier: `"schema"."table"`.

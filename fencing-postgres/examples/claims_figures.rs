@@ -34,7 +34,7 @@ struct Inside {
 }
 
 fn replica(
-    config: &tokio_postgres::Config,
+    config: &fencing_postgres::PgConnect,
     inside: &Arc<Inside>,
 ) -> Result<Router, Box<dyn std::error::Error>> {
     let limits = PoolLimits { max_size: 4, ..PoolLimits::default() };
@@ -77,8 +77,8 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::args().nth(1).ok_or("usage: claims_figures '<loopback PostgreSQL config>'")?;
-    let config: tokio_postgres::Config = url.parse()?;
-    let loopback = config.get_hosts().iter().all(|host| match host {
+    let config: fencing_postgres::PgConnect = url.parse()?;
+    let loopback = config.config().get_hosts().iter().all(|host| match host {
         tokio_postgres::config::Host::Tcp(name) => name == "127.0.0.1" || name == "localhost",
         tokio_postgres::config::Host::Unix(_) => true,
     });

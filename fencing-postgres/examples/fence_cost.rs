@@ -325,8 +325,8 @@ async fn main() -> Result<(), Box<dyn Error>> {
             .map(|name| VARIANTS.iter().copied().find(|known| *known == name).ok_or(usage))
             .collect::<Result<_, _>>()?,
     };
-    let config: tokio_postgres::Config = url.parse()?;
-    let loopback = config.get_hosts().iter().all(|host| match host {
+    let config: fencing_postgres::PgConnect = url.parse()?;
+    let loopback = config.config().get_hosts().iter().all(|host| match host {
         tokio_postgres::config::Host::Tcp(name) => name == "127.0.0.1" || name == "localhost",
         tokio_postgres::config::Host::Unix(_) => true,
     });

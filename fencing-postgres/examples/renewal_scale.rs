@@ -27,7 +27,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = args.next().unwrap_or_else(|| "host=127.0.0.1 user=postgres".into());
     let claims: usize = args.next().map_or(Ok(20_000), |n| n.parse())?;
     let seconds: u64 = args.next().map_or(Ok(10), |n| n.parse())?;
-    let config: tokio_postgres::Config = url.parse()?;
+    let config: fencing_postgres::PgConnect = url.parse()?;
     let pool = fencing_postgres::pool(config.clone(), PoolLimits::default())?;
     let fence = PgFence::new().table(TABLE)?;
     let store = PgSharedStore::new(pool.clone(), config, fence);

@@ -60,10 +60,11 @@ use fencing_layer::claims::{
 };
 use fencing_layer::store::StoreError;
 use tokio::sync::oneshot;
+use tokio_postgres::Client;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{Client, NoTls};
 
+use crate::connect::{PgConnect, store_error};
 use crate::fence::{MAX_KEY_BYTES, PgFence, WAY_TRANSACTION, from_wire, to_wire};
 use crate::hints;
 
@@ -87,7 +88,7 @@ type Params<'a> = &'a [(&'a (dyn ToSql + Sync), Type)];
 #[derive(Clone)]
 pub(crate) struct PgClaims {
     pool: Pool,
-    config: tokio_postgres::Config,
+    config: PgConnect,
     fence: PgFence,
     hints: Arc<HintsHeard>,
 }
@@ -133,7 +134,7 @@ impl HintsHeard {
 const ECHO_WAIT: Duration = Duration::from_secs(2);
 
 impl PgClaims {
-    pub(crate) fn new(pool: Pool, config: tokio_postgres::Config, fence: PgFence) -> Self {
+    pub(crate) fn new(pool: Pool, config: PgConnect, fence: PgFence) -> Self {
         Self { pool, config, fence, hints: Arc::default() }
     }
 
@@ -250,7 +251,7 @@ impl PgClaims {
         let (echo, echoed) = hints::Echo::new(payload.clone());
         let hints = hints::listen(self.config.clone(), channel.clone(), renewals_gone, echo);
         let renewals = async {
-            let (client, connection) = self.config.connect(NoTls).await.map_err(StoreError::log)?;
+            let (client, connection) = self.config.connect().await.map_err(store_error)?;
             tokio::spawn(async move {
                 // Dropped when the connection ends: the hint thread ends with it.
                 let _up = renewals_up;

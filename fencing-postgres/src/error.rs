@@ -7,6 +7,8 @@ use deadpool_postgres::PoolError;
 use fencing_layer::Rejection;
 use tokio_postgres::error::SqlState;
 
+use crate::connect::{TlsHandshakeError, describe_error};
+
 /// Why [`PgFence::fence`](crate::PgFence::fence) (or the handler's transaction
 /// around it) failed. Every variant means: roll back, write nothing.
 ///
@@ -121,14 +123,20 @@ impl From<PoolError> for FenceError {
     }
 }
 
-/// The server is away: no answer (I/O, closed socket, connect timeout), or it
-/// said so (connection exceptions, too many connections, shutting down).
+/// The server is away: no answer (I/O, closed socket, connect timeout, the
+/// connection lost during a TLS handshake), or it said so (connection
+/// exceptions, too many connections, shutting down). A TLS handshake that was
+/// refused (a certificate, a name) is not: it fails the same way next time.
 fn unavailable(error: &tokio_postgres::Error) -> bool {
     if let Some(code) = error.code() {
         let code = code.code();
         return code.starts_with("08") || code.starts_with("57P") || code == "53300";
     }
-    error.is_closed() || std::error::Error::source(error).is_some_and(|source| source.is::<io::Error>())
+    error.is_closed()
+        || std::error::Error::source(error).is_some_and(|source| {
+            source.is::<io::Error>()
+                || source.downcast_ref::<TlsHandshakeError>().is_some_and(TlsHandshakeError::is_io)
+        })
 }
 
 fn pool_unavailable(error: &PoolError) -> bool {
@@ -147,12 +155,13 @@ impl fmt::Display for FenceError {
                 "{key} is fenced through the shared store (replica claims); \
                  a key is fenced one way only, not also in the transaction"
             ),
+            // tokio-postgres's and deadpool's messages with their causes ("db error" alone says nothing).
             Self::Retry(error) => {
                 write!(f, "the transaction conflicted with a concurrent one: {}", describe(error))
             }
             Self::Unavailable(error) => write!(f, "the database is unavailable: {}", describe(error)),
             Self::Pool(PoolError::Backend(error)) => write!(f, "no database connection: {}", describe(error)),
-            Self::Pool(error) => write!(f, "no database connection: {error}"),
+            Self::Pool(error) => write!(f, "no database connection: {}", describe_error(error)),
             Self::Database(error) => write!(f, "database error: {}", describe(error)),
             Self::MigrationBlocked { table, .. } => write!(
                 f,
@@ -182,25 +191,17 @@ impl std::error::Error for FenceError {
 /// (tokio-postgres shows a server's refusal as a bare "db error"), the cause
 /// behind an I/O or TLS failure, and what a pooler's refusal means.
 pub(crate) fn describe(error: &tokio_postgres::Error) -> String {
-    let mut text = error.to_string();
-    if let Some(db) = error.as_db_error() {
-        text = format!("{text}: {} {}: {}", db.severity(), db.code().code(), db.message());
-        if let Some(detail) = db.detail() {
-            text.push_str(&format!(" ({detail})"));
-        }
-        if let Some(hint) = pooler_hint(db.message()) {
-            text.push_str("; ");
-            text.push_str(hint);
-        }
-    } else {
-        let mut source = std::error::Error::source(error);
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !text.contains(&cause_text) {
-                text = format!("{text}: {cause_text}");
-            }
-            source = cause.source();
-        }
+    let Some(db) = error.as_db_error() else {
+        // The causes: an I/O error, a TLS refusal (`describe_error` walks them).
+        return describe_error(error);
+    };
+    let mut text = format!("{error}: {} {}: {}", db.severity(), db.code().code(), db.message());
+    if let Some(detail) = db.detail() {
+        text.push_str(&format!(" ({detail})"));
+    }
+    if let Some(hint) = pooler_hint(db.message()) {
+        text.push_str("; ");
+        text.push_str(hint);
     }
     text
 }

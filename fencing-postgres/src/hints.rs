@@ -20,10 +20,10 @@ use std::task::Poll;
 use fencing_layer::claims::{ClaimEvent, EVENTS};
 use fencing_layer::store::StoreError;
 use tokio::sync::{broadcast, oneshot};
-use tokio_postgres::tls::NoTlsStream;
-use tokio_postgres::{AsyncMessage, Config, Connection, NoTls, Socket};
+use tokio_postgres::{AsyncMessage, Connection, Socket};
 
 use crate::claims::parse;
+use crate::connect::{PgConnect, PgTlsStream, store_error};
 
 /// The session's own test notification, and who waits to hear it: a hint
 /// connection behind a pooler in transaction mode hears nothing (PgBouncer
@@ -58,7 +58,7 @@ const BATCH: usize = 1024;
 /// [`EVENTS`], until its connection ends or `until` resolves (its sender is
 /// dropped). Answers once it listens, with the channel's receiver.
 pub(crate) async fn listen(
-    config: Config,
+    config: PgConnect,
     channel: String,
     until: oneshot::Receiver<()>,
     echo: Echo,
@@ -87,15 +87,15 @@ pub(crate) async fn listen(
 
 /// Connects, listens (telling `ready`), then forwards until the connection ends.
 async fn hear(
-    config: Config,
+    config: PgConnect,
     channel: String,
     sender: broadcast::Sender<ClaimEvent>,
     ready: oneshot::Sender<Result<(), StoreError>>,
     echo: Echo,
 ) {
-    let (client, connection) = match config.connect(NoTls).await {
+    let (client, connection) = match config.connect().await {
         Ok(connected) => connected,
-        Err(error) => return drop(ready.send(Err(StoreError::log(error)))),
+        Err(error) => return drop(ready.send(Err(store_error(error)))),
     };
     let forwarding = forward(connection, sender, echo);
     tokio::pin!(forwarding);
@@ -122,7 +122,7 @@ async fn hear(
 /// (a full channel drops the oldest; the keeper then reads every mark). Ends
 /// with the connection.
 async fn forward(
-    mut connection: Connection<Socket, NoTlsStream>,
+    mut connection: Connection<Socket, PgTlsStream>,
     sender: broadcast::Sender<ClaimEvent>,
     mut echo: Echo,
 ) {

@@ -59,7 +59,7 @@
 //! }
 //!
 //! pub async fn serve() -> Result<(), Box<dyn std::error::Error>> {
-//!     let config = "host=127.0.0.1 user=postgres dbname=app".parse()?;
+//!     let config: fencing_postgres::PgConnect = "host=127.0.0.1 user=postgres dbname=app".parse()?;
 //!     let pool = fencing_postgres::pool(config, PoolLimits::default())?;
 //!     let fence = PgFence::new();
 //!     let client = pool.get().await?;
@@ -157,9 +157,11 @@
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use axum::{Router, routing::post};
 //! use fencing_layer::FencingLayer;
-//! use fencing_postgres::{PgFence, PgSharedStore, PoolLimits};
+//! use fencing_postgres::{PgConnect, PgFence, PgSharedStore, PoolLimits};
 //!
-//! let config: tokio_postgres::Config = "host=127.0.0.1 user=postgres dbname=app".parse()?;
+//! // Over TLS, the server's certificate checked against the CA in the file (see `PgConnect`).
+//! let config: PgConnect =
+//!     "postgres://app@db.internal/app?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem".parse()?;
 //! let pool = fencing_postgres::pool(config.clone(), PoolLimits::default())?;
 //! let store = PgSharedStore::new(pool, config, PgFence::new());
 //! store.migrate().await?;
@@ -179,6 +181,15 @@
 //! mapping onto PostgreSQL; the argument for why it holds is in
 //! [`fencing_layer::claims`].
 //!
+//! # Over TLS
+//!
+//! [`pool()`] and [`PgSharedStore`] connect as a [`PgConnect`] says: a connection string with
+//! libpq's `sslmode` (`disable`, `prefer`, `require`, `verify-ca`, `verify-full`) and
+//! `sslrootcert`, or a `tokio_postgres::Config` (whose `prefer`, the default, uses TLS when the
+//! server offers it, without checking its certificate). TLS is rustls's, with no OpenSSL needed;
+//! [`connect`] has what each mode checks, and [`connect::describe_error`] puts a refusal's cause
+//! (the certificate, the name) into one line.
+//!
 //! # Crashes and failover
 //!
 //! A mark holds only if no later primary can forget it. Each connection that
@@ -197,6 +208,7 @@
 #[cfg(feature = "axum")]
 mod axum;
 mod claims;
+pub mod connect;
 pub mod durability;
 mod error;
 mod fence;
@@ -209,6 +221,7 @@ mod shared;
 mod table;
 mod transaction;
 
+pub use crate::connect::PgConnect;
 pub use crate::durability::{NotDurable, check_durability, durability_hook};
 pub use crate::error::FenceError;
 pub use crate::fence::{DEFAULT_TABLE, Fenced, MAX_KEY_BYTES, PgFence};

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{BuildError, Hook, HookError, Manager, Pool, Runtime};
-use tokio_postgres::NoTls;
 
+use crate::connect::PgConnect;
 use crate::durability::check_durability;
 use crate::pooling::{Bounds, Pooling, Verdict, probe};
 
@@ -91,7 +91,8 @@ impl PoolLimits {
     }
 }
 
-/// A pool of plain-TCP (no TLS) connections for `config`, within `limits`.
+/// A pool of connections to `config` (a [`PgConnect`], or a `tokio_postgres::Config`: TLS as
+/// its `sslmode` and `sslrootcert` say), within `limits`.
 /// Connections are opened on first use, so a database that is down shows up
 /// as [`FenceError::Unavailable`](crate::FenceError::Unavailable) then.
 ///
@@ -102,17 +103,20 @@ impl PoolLimits {
 /// new one that the server could not lose an acknowledged commit
 /// ([`durability`](crate::durability)) unless `limits` accept it; a refusal
 /// is [`FenceError::Pool`](crate::FenceError::Pool) with the reason.
-pub fn pool(mut config: tokio_postgres::Config, limits: PoolLimits) -> Result<Pool, BuildError> {
+pub fn pool(config: impl Into<PgConnect>, limits: PoolLimits) -> Result<Pool, BuildError> {
+    let mut target = config.into();
+    let config = target.config_mut();
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(limits.wait);
     }
     let verdict = Arc::new(Verdict::default());
-    let second = config.clone();
+    let second = target.clone();
+    let (config, tls) = target.into_parts();
     let checks = Hook::async_fn(move |client, _| {
         let (verdict, second) = (Arc::clone(&verdict), second.clone());
         Box::pin(async move {
             let other = || async move {
-                let (client, connection) = second.connect(NoTls).await?;
+                let (client, connection) = second.connect().await?;
                 tokio::spawn(connection);
                 Ok(client)
             };
@@ -129,7 +133,7 @@ pub fn pool(mut config: tokio_postgres::Config, limits: PoolLimits) -> Result<Po
             Ok(())
         })
     });
-    Pool::builder(Manager::new(config, NoTls))
+    Pool::builder(Manager::new(config, tls))
         .post_create(checks)
         .max_size(limits.max_size)
         .wait_timeout(Some(limits.wait))

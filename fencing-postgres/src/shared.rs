@@ -16,6 +16,7 @@ use fencing_layer::claims::{ClaimStore, ClaimTiming, ClaimTimingError, check_tex
 use fencing_layer::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore};
 
 use crate::claims::{HintsHeard, PgClaims};
+use crate::connect::PgConnect;
 use crate::error::FenceError;
 use crate::fence::{MAX_KEY_BYTES, PgFence};
 
@@ -40,10 +41,11 @@ pub struct PgSharedStore {
 impl PgSharedStore {
     /// Marks in `fence`'s table (and `<table>_claims`), through `pool`, with
     /// the replica's background session opened from `config` (the database
-    /// the pool connects to), and the [default claim timing](ClaimTiming::default).
+    /// the pool connects to: a [`PgConnect`], or a `tokio_postgres::Config`), and the
+    /// [default claim timing](ClaimTiming::default).
     #[must_use]
-    pub fn new(pool: Pool, config: tokio_postgres::Config, fence: PgFence) -> Self {
-        let backend = PgClaims::new(pool.clone(), config, fence.clone());
+    pub fn new(pool: Pool, config: impl Into<PgConnect>, fence: PgFence) -> Self {
+        let backend = PgClaims::new(pool.clone(), config.into(), fence.clone());
         let hints = backend.hints();
         Self { claims: ClaimStore::new(backend), pool, fence, hints }
     }
@@ -55,11 +57,11 @@ impl PgSharedStore {
     /// A timing that cannot keep claims safely ([`ClaimTiming::check`]).
     pub fn with_timing(
         pool: Pool,
-        config: tokio_postgres::Config,
+        config: impl Into<PgConnect>,
         fence: PgFence,
         timing: ClaimTiming,
     ) -> Result<Self, ClaimTimingError> {
-        let backend = PgClaims::new(pool.clone(), config, fence.clone());
+        let backend = PgClaims::new(pool.clone(), config.into(), fence.clone());
         let hints = backend.hints();
         Ok(Self { claims: ClaimStore::with_timing(backend, timing)?, pool, fence, hints })
     }

@@ -40,6 +40,43 @@ impl OwnPg {
         Some(pg)
     }
 
+    /// A fresh server that accepts only TLS, started: `ssl = on` with `certs`' server
+    /// certificate and key, and a `pg_hba.conf` that refuses every connection without TLS
+    /// (`hostnossl … reject`) and trusts those with it (`hostssl … trust`) on loopback.
+    /// `None` after a loud SKIPPED line, as [`start`](Self::start).
+    #[cfg(feature = "tls")]
+    pub fn start_tls(certs: &crate::TestCerts) -> Option<OwnPg> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let pg = Self::fresh()?;
+        pg.run("initdb", &["-D", &pg.data(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"]);
+        let data = Path::new(&pg.data()).to_owned();
+        let (cert, key) = (data.join("server.crt"), data.join("server.key"));
+        std::fs::write(&cert, &certs.server_cert).unwrap();
+        std::fs::write(&key, &certs.server_key).unwrap();
+        // PostgreSQL refuses a key that its group or others may read, or that another user owns.
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+        if is_root() {
+            let chown = Command::new("chown").arg("postgres:postgres").args([&cert, &key]).status();
+            assert!(chown.is_ok_and(|status| status.success()), "chown postgres {}", key.display());
+        }
+        let conf = "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n";
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(data.join("postgresql.conf"))
+            .unwrap()
+            .write_all(conf.as_bytes())
+            .unwrap();
+        // The tools' own connections (none with `pg_ctl -w`) come over the socket.
+        let hba = "local all all trust\n\
+                   hostnossl all all 0.0.0.0/0 reject\n\
+                   hostnossl all all ::/0 reject\n\
+                   hostssl all all 127.0.0.1/32 trust\n\
+                   hostssl all all ::1/128 trust\n";
+        std::fs::write(data.join("pg_hba.conf"), hba).unwrap();
+        pg.pg_ctl("start");
+        Some(pg)
+    }
+
     /// A streaming standby of this server (`pg_basebackup -R`), started. It
     /// names itself `name` to the primary (`application_name`), the name
     /// `synchronous_standby_names` lists.

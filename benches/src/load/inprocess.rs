@@ -100,8 +100,8 @@ fn serve_on(
 async fn shared_postgres_layer(
     config: &str,
 ) -> Result<fencing_layer::FencingLayer, Box<dyn std::error::Error>> {
-    let config: tokio_postgres::Config = config.parse()?;
-    let loopback = config.get_hosts().iter().all(|host| match host {
+    let config: fencing_postgres::PgConnect = config.parse()?;
+    let loopback = config.config().get_hosts().iter().all(|host| match host {
         tokio_postgres::config::Host::Tcp(name) => {
             (name.as_str(), 0).to_socket_addrs().is_ok_and(|mut a| a.all(|a| a.ip().is_loopback()))
         }

@@ -1,7 +1,7 @@
 //! demo-resource's integration tests, one binary (one link) for all of them:
 //! the routes, token authenticity, the admin routes and `marks`, hostile input,
-//! replicas on PostgreSQL (per-process, in-transaction and shared marks),
-//! `kill -9`, disk faults and clock jumps on the real binary, and Prometheus.
+//! replicas on PostgreSQL (per-process, in-transaction and shared marks, and
+//! over TLS), `kill -9`, disk faults and clock jumps on the real binary, and Prometheus.
 //! The stories told against the service, and their simulations, are the
 //! `scenarios` crate's tests.
 //!
@@ -27,3 +27,4 @@ mod prometheus;
 mod replicas;
 mod routes;
 mod shared_marks;
+mod tls;

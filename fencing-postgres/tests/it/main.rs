@@ -3,7 +3,8 @@
 //! the shared store (`shared_store`, `conformance`: the suite every claims
 //! engine runs), what only PostgreSQL's sessions do to claims (`claims`,
 //! `claims_under_attack`, `claims_interference`), restarts and failover
-//! (`failover`), and all of it through PgBouncer (`pgbouncer`). Run one part
+//! (`failover`), all of it through PgBouncer (`pgbouncer`), and TLS (`tls`: a
+//! server of the test's own that accepts only TLS). Run one part
 //! with `cargo test --workspace --all-features --test it -- claims::`.
 //!
 //! They need PostgreSQL on 127.0.0.1:5432 (user postgres, trust auth); each
@@ -25,3 +26,4 @@ mod fence;
 mod pgbouncer;
 mod responses;
 mod shared_store;
+mod tls;

@@ -122,7 +122,7 @@ async fn an_exhausted_pool_is_a_503_with_retry_after() {
 async fn a_database_that_is_down_is_a_503_with_retry_after() {
     // A loopback port nobody listens on.
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let config = format!("host=127.0.0.1 port={port} user=postgres").parse().unwrap();
+    let config: tokio_postgres::Config = format!("host=127.0.0.1 port={port} user=postgres").parse().unwrap();
     let app = replica(fencing_postgres::pool(config, PoolLimits::default()).unwrap());
 
     let (status, retry_after, body) = send(&app, 1).await;

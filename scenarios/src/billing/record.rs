@@ -6,7 +6,9 @@
 //! refused, a higher one raises it. The unfenced ones are the naive job's: read
 //! what is done, write what was done, no token anywhere.
 
-use tokio_postgres::{Client, Config, NoTls};
+use fencing_postgres::PgConnect;
+use fencing_postgres::connect::describe_error;
+use tokio_postgres::Client;
 
 use crate::failure::Failure;
 
@@ -39,7 +41,7 @@ pub(super) enum MarkReply {
 }
 
 fn db(context: &str, error: tokio_postgres::Error) -> Failure {
-    Failure(format!("run record ({context}): {error}"))
+    Failure(format!("run record ({context}): {}", describe_error(&error)))
 }
 
 /// One connection to the record (each instance has its own, as separate processes would).
@@ -49,8 +51,8 @@ pub(super) struct Record {
 
 impl Record {
     /// Connects to the database at `config` and creates the tables if missing.
-    pub(super) async fn connect(config: &Config) -> Result<Self, Failure> {
-        let (client, connection) = config.connect(NoTls).await.map_err(|e| db("connect", e))?;
+    pub(super) async fn connect(config: &PgConnect) -> Result<Self, Failure> {
+        let (client, connection) = config.connect().await.map_err(|e| db("connect", e))?;
         tokio::spawn(connection);
         client.batch_execute(SCHEMA).await.map_err(|e| db("create tables", e))?;
         Ok(Self { client })
@@ -173,20 +175,23 @@ fn as_i64(token: u64) -> Result<i64, Failure> {
 /// [`TempDb::create`], dropped by [`TempDb::drop_now`], or, if that never ran (a
 /// panic), on drop.
 pub(super) struct TempDb {
-    admin_config: Config,
+    admin_config: PgConnect,
     name: String,
     dropped: bool,
     /// The new database's connection settings.
-    pub(super) config: Config,
+    pub(super) config: PgConnect,
 }
 
 impl TempDb {
     pub(super) async fn create(admin_url: &str, name: &str) -> Result<Self, Failure> {
-        let admin_config: Config =
+        let admin_config: PgConnect =
             admin_url.parse().map_err(|e| Failure(format!("PostgreSQL URL {admin_url:?}: {e}")))?;
-        let admin = admin(&admin_config)
-            .await
-            .map_err(|e| Failure(format!("PostgreSQL at {admin_url} (the run's record lives there): {e}")))?;
+        let admin = admin(&admin_config).await.map_err(|e| {
+            Failure(format!(
+                "PostgreSQL at {admin_url} (the run's record lives there): {}",
+                describe_error(&e)
+            ))
+        })?;
         admin
             .batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
             .await
@@ -196,7 +201,7 @@ impl TempDb {
             .await
             .map_err(|e| db("create database", e))?;
         let mut config = admin_config.clone();
-        config.dbname(name);
+        config.config_mut().dbname(name);
         Ok(Self { admin_config, name: name.to_owned(), dropped: false, config })
     }
 
@@ -235,8 +240,8 @@ impl Drop for TempDb {
     }
 }
 
-async fn admin(config: &Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
+async fn admin(config: &PgConnect) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect().await?;
     tokio::spawn(connection);
     Ok(client)
 }

@@ -2,6 +2,8 @@
 //! counter row, and expiry judged on the database's clock.
 //!
 //! See [`PgLockClient`] for the tables, the statements and why the tokens are durable.
+//! Every statement is sent unnamed (`query_typed`): nothing prepared outlives it, so the
+//! client works through a pooler in transaction mode (PgBouncer `pool_mode = transaction`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -12,6 +14,7 @@ use deadpool_postgres::{HookError, Manager, Pool, PoolError, Runtime};
 use fencing_postgres::PgConnect;
 use fencing_postgres::connect::describe_error;
 use tokio_postgres::error::SqlState;
+use tokio_postgres::types::Type;
 
 use crate::backend::{Grant, LockError, LockProtocol, LockStatus, check_name_and_holder};
 use crate::pg_durability;
@@ -179,10 +182,10 @@ impl Statements {
             // $1 name, $2 token → one row if renewed.
             keepalive: format!(
                 "UPDATE {leases} SET expires_at = clock_timestamp() + ttl_ms * interval '1 millisecond'
-                 WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp()"
+                 WHERE name = $1 AND token = $2 AND expires_at > clock_timestamp() RETURNING 1"
             ),
             // $1 name, $2 token → one row if it was ours.
-            release: format!("DELETE FROM {leases} WHERE name = $1 AND token = $2"),
+            release: format!("DELETE FROM {leases} WHERE name = $1 AND token = $2 RETURNING 1"),
             // $1 name → (holder, token, ms left) of a live lease.
             status: format!(
                 "SELECT holder, token, {left} FROM {leases} WHERE name = $1 AND expires_at > clock_timestamp()"
@@ -294,8 +297,9 @@ impl PgLockClient {
     pub async fn lock_status(&self, name: &str) -> Result<Option<LockStatus>, LockError> {
         bounded(async {
             let client = self.pool.get().await.map_err(pool_error)?;
-            let row = client.query_opt(&self.sql.status, &[&name]).await.map_err(pg_error)?;
-            let Some(row) = row else { return Ok(None) };
+            let rows =
+                client.query_typed(&self.sql.status, &[(&name, Type::TEXT)]).await.map_err(pg_error)?;
+            let Some(row) = rows.into_iter().next() else { return Ok(None) };
             let token: i64 = row.try_get(1).map_err(pg_error)?;
             Ok(Some(LockStatus {
                 name: name.to_owned(),
@@ -320,9 +324,9 @@ impl LockProtocol for PgLockClient {
         // holder; then it is free, and the attempt is worth making again (a few times:
         // each retry means another client released or let it expire meanwhile).
         for _ in 0..3 {
-            let granted =
-                client.query_opt(&self.sql.acquire, &[&name, &holder, &ttl_ms]).await.map_err(pg_error)?;
-            if let Some(row) = granted {
+            let asked = [(&name as _, Type::TEXT), (&holder as _, Type::TEXT), (&ttl_ms as _, Type::INT8)];
+            let granted = client.query_typed(&self.sql.acquire, &asked).await.map_err(pg_error)?;
+            if let Some(row) = granted.into_iter().next() {
                 let token = token_from_db(row.try_get(0).map_err(pg_error)?)?;
                 let ttl = millis(row.try_get(1).map_err(pg_error)?);
                 tracing::debug!(name, holder, token, "PostgreSQL lock acquired");
@@ -336,7 +340,9 @@ impl LockProtocol for PgLockClient {
                 });
             }
             // Held (or taken by a racing acquire): report who holds it now.
-            if let Some(row) = client.query_opt(&self.sql.holder, &[&name]).await.map_err(pg_error)? {
+            let held =
+                client.query_typed(&self.sql.holder, &[(&name, Type::TEXT)]).await.map_err(pg_error)?;
+            if let Some(row) = held.into_iter().next() {
                 let (held_by, expires_in) =
                     (row.try_get(0).map_err(pg_error)?, millis(row.try_get(1).map_err(pg_error)?));
                 return Err(LockError::Held { holder: held_by, expires_in, retry_after: None });
@@ -361,7 +367,8 @@ impl PgLockClient {
     async fn on_own_row(&self, sql: &str, grant: &Grant) -> Result<(), LockError> {
         let token = token_to_db(grant.token)?;
         let client = self.pool.get().await.map_err(pool_error)?;
-        match client.execute(sql, &[&grant.name, &token]).await.map_err(pg_error)? {
+        let params = [(&grant.name as _, Type::TEXT), (&token as _, Type::INT8)];
+        match client.query_typed(sql, &params).await.map_err(pg_error)?.len() {
             1 => Ok(()),
             _ => Err(LockError::LeaseNotFound),
         }

@@ -216,10 +216,12 @@ impl OwnPg {
         self.pg_ctl("promote");
     }
 
-    /// Connection settings for the `postgres` database as `postgres`, connect timeout 3 s.
+    /// Connection settings for the `postgres` database as `postgres`, connect timeout 3 s,
+    /// plain TCP (`start_tls` makes a server that requires TLS).
     pub fn config(&self) -> Config {
         let mut config = Config::new();
         config.host("127.0.0.1").port(self.port).user("postgres").dbname("postgres");
+        config.ssl_mode(tokio_postgres::config::SslMode::Disable);
         config.connect_timeout(std::time::Duration::from_secs(3));
         config
     }

@@ -92,9 +92,12 @@ impl PgBouncer {
         Some(bouncer)
     }
 
-    /// `host=127.0.0.1 port={port} user=postgres dbname={dbname}`: through the pooler.
+    /// `host=127.0.0.1 port={port} user=postgres dbname={dbname}`: through the pooler (plain TCP).
     pub fn url(&self, dbname: &str) -> String {
-        format!("host=127.0.0.1 port={} user=postgres dbname={dbname} connect_timeout=5", self.port)
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={dbname} connect_timeout=5 sslmode=disable",
+            self.port
+        )
     }
 
     /// The last `lines` lines of its log.

@@ -6,8 +6,11 @@ use tokio_postgres::{Client, Config, NoTls};
 
 use crate::BOUND;
 
-/// The shared server: 127.0.0.1:5432, user postgres, trust auth.
-const SERVER: &str = "host=127.0.0.1 port=5432 user=postgres connect_timeout=3";
+/// The shared server: 127.0.0.1:5432, user postgres, trust auth. Plain TCP
+/// (`sslmode=disable`): TLS has tests of its own, on servers that require it
+/// (`OwnPg::start_tls`); here a handshake per connection (rustls, in a debug
+/// build) would only slow the timing-sensitive tests.
+const SERVER: &str = "host=127.0.0.1 port=5432 user=postgres connect_timeout=3 sslmode=disable";
 
 /// A database of its own for one test on the shared PostgreSQL, dropped
 /// (connections and all, `WITH (FORCE)`) when the handle drops, panics included.
@@ -53,7 +56,7 @@ impl TestDb {
 
     /// The database as a `postgres://` URL through 127.0.0.1:`port` (a proxy's).
     pub fn url_via(&self, port: u16) -> String {
-        format!("postgres://postgres@127.0.0.1:{port}/{}?connect_timeout=3", self.name)
+        format!("postgres://postgres@127.0.0.1:{port}/{}?connect_timeout=3&sslmode=disable", self.name)
     }
 
     /// A new connection to this database, its connection task spawned.

@@ -48,6 +48,7 @@ pub fn with_port(config: &Config, port: u16, name: &str) -> Config {
     named.host("127.0.0.1").port(port).user(config.get_user().unwrap_or("postgres"));
     named.dbname(config.get_dbname().unwrap_or("postgres")).application_name(name);
     named.connect_timeout(Duration::from_secs(3));
+    named.ssl_mode(config.get_ssl_mode());
     named
 }
 

@@ -70,8 +70,11 @@ async fn only_tls_gets_in_and_each_sslmode_checks_what_it_says() {
     for query in ["sslmode=prefer", "sslmode=require", ""] {
         assert_eq!(try_connect(&url(&pg, "127.0.0.1", query)).await, Ok(true), "{query}");
     }
-    assert_eq!(PgConnect::from(pg.config()).ssl_mode(), SslMode::Prefer);
-    assert_eq!(encrypted(&PgConnect::from(pg.config())).await, Ok(true), "a Config, sslmode=prefer");
+    // A Config of the driver's, its sslmode left at the driver's default.
+    let config: tokio_postgres::Config =
+        format!("host=127.0.0.1 port={} user=postgres dbname=postgres", pg.port).parse().unwrap();
+    assert_eq!(PgConnect::from(config.clone()).ssl_mode(), SslMode::Prefer);
+    assert_eq!(encrypted(&PgConnect::from(config)).await, Ok(true), "a Config, sslmode=prefer");
     // require checks nothing: not the name, not the CA.
     let anyone = url(&pg, "127.0.0.2", "hostaddr=127.0.0.1&sslmode=require");
     assert_eq!(try_connect(&anyone).await, Ok(true));

@@ -12,7 +12,9 @@
 //! tools ([`prometheus_tool`], [`promtool`]), and the token parser's oracle
 //! ([`canonical_token`]). With feature `replicas`: replicas of a fenced
 //! resource (module `replicas`) and the conformance suite every shared store
-//! runs (module `shared_store_suite`).
+//! runs (module `shared_store_suite`). With feature `tls`: certificates made at
+//! run time (`TestCerts`) and the etcd, Redis and ZooKeeper that serve TLS with
+//! them (`Etcd::start_tls`, `Redis::start_tls`, `ZooKeeper::start_tls`).
 //!
 //! A dev-dependency only (`publish = false`). Every server lives in a temporary
 //! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle
@@ -44,6 +46,8 @@ pub mod shared_store_suite;
 mod stall;
 #[cfg(feature = "postgres")]
 mod testdb;
+#[cfg(feature = "tls")]
+mod tls;
 mod token;
 mod zookeeper;
 
@@ -63,6 +67,8 @@ pub use redis::Redis;
 pub use stall::StallProxy;
 #[cfg(feature = "postgres")]
 pub use testdb::TestDb;
+#[cfg(feature = "tls")]
+pub use tls::TestCerts;
 pub use token::canonical_token;
 pub use zookeeper::ZooKeeper;
 

@@ -30,6 +30,7 @@ use crate::backend::LockError;
 /// UnknownIssuer`).
 ///
 /// ```no_run
+/// # #[cfg(all(feature = "etcd", feature = "redis"))]
 /// # async fn demo() -> Result<(), fencing_client::LockError> {
 /// use fencing_client::{EtcdLockClient, RedisLockClient, tls::ClientTls};
 ///
@@ -206,6 +207,7 @@ fn ring() -> rustls::crypto::CryptoProvider {
 /// `head`, then each of `source` and its sources that `head` does not say already,
 /// `: `-separated: a TLS failure is often only in a source (tonic's "transport error",
 /// hyper's "client error (Connect)" say nothing of the certificate).
+#[cfg(feature = "etcd")]
 pub(crate) fn with_sources(
     head: impl fmt::Display,
     mut source: Option<&(dyn std::error::Error + 'static)>,

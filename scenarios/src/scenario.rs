@@ -427,14 +427,14 @@ pub async fn run_with(source: TokenSource) -> Result<Report, Failure> {
     Ok(Report { without_fencing, with_fencing, in_flight, b_arrived_while_a_inside, history })
 }
 
-/// Why a run with a lock backend this build lacks fails at once.
-#[cfg(not(all(feature = "etcd", feature = "postgres", feature = "redis", feature = "zookeeper")))]
 /// TLS to a lock backend, trusting the CA in the PEM file `ca_file`.
 #[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper-tls"))]
 fn client_tls(ca_file: &Path) -> Result<ClientTls, Failure> {
     ClientTls::new().ca_file(ca_file).map_err(|e| fail("TLS to the lock backend", e))
 }
 
+/// Why a run with a lock backend (or ZooKeeper's TLS) this build lacks fails at once.
+#[cfg(not(all(feature = "etcd", feature = "postgres", feature = "redis", feature = "zookeeper-tls")))]
 fn not_built(feature: &str) -> Failure {
     Failure(format!(
         "this lock backend needs scenarios built with feature `{feature}` \

@@ -13,7 +13,7 @@ use crate::process::{ask, binary_or_skip, kill, log_tail, wait_until_serving};
 /// or a failure when `CI=true`.
 pub struct Etcd {
     child: Option<Child>,
-    /// The client URL, `http://127.0.0.1:{port}` (`https://` from [`Etcd::start_tls`]).
+    /// The client URL, `http://127.0.0.1:{port}` (`https://` from `Etcd::start_tls`, feature `tls`).
     pub endpoint: String,
     _dir: tempfile::TempDir,
 }
@@ -41,7 +41,7 @@ impl Etcd {
 
     /// Starts etcd serving its clients at `scheme://127.0.0.1:{port}`; `secure` adds the options
     /// (and files in etcd's directory) of TLS, and says on which port its health is read.
-    async fn launch(scheme: &str, secure: Option<&dyn Fn(&mut Command, &Path) -> u16>) -> Option<Etcd> {
+    async fn launch(scheme: &str, secure: Option<&Secure<'_>>) -> Option<Etcd> {
         let bin =
             binary_or_skip("ETCD_BIN", "etcd", "etcd not installed (put `etcd` on PATH or set ETCD_BIN)")?;
         // A port picked by binding :0 can be taken again before etcd binds it: retry with new ports.
@@ -89,6 +89,10 @@ impl Etcd {
         kill(&mut self.child);
     }
 }
+
+/// What adds TLS to etcd's command (options, and files in the directory given): the port
+/// its health is then read on.
+type Secure<'a> = dyn Fn(&mut Command, &Path) -> u16 + 'a;
 
 /// The options that make etcd serve clients with `certs` (their files written into `dir`) and
 /// its health on a plain metrics URL: that URL's port.

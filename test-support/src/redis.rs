@@ -71,7 +71,7 @@ impl Redis {
         })
     }
 
-    /// `redis://127.0.0.1:{port}` (`rediss://` from [`Redis::start_tls`]).
+    /// `redis://127.0.0.1:{port}` (`rediss://` from `Redis::start_tls`, feature `tls`).
     pub fn url(&self) -> String {
         let scheme = if self.tls { "rediss" } else { "redis" };
         format!("{scheme}://127.0.0.1:{}", self.port)

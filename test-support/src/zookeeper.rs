@@ -18,7 +18,7 @@ pub struct ZooKeeper {
     classpath: String,
     dir: tempfile::TempDir,
     port: u16,
-    /// With [`ZooKeeper::start_tls`]: the TLS port, and the zoo.cfg lines of its certificates.
+    /// With `ZooKeeper::start_tls` (feature `tls`): the TLS port, and the zoo.cfg lines of its certificates.
     secure: Option<(u16, String)>,
     child: Option<Child>,
 }
@@ -102,6 +102,7 @@ impl ZooKeeper {
     }
 
     /// The TLS connect string, `tcp+tls://127.0.0.1:{port}` (from [`ZooKeeper::start_tls`]).
+    #[cfg(feature = "tls")]
     pub fn tls_cluster(&self) -> String {
         let (port, _) = self.secure.as_ref().expect("a ZooKeeper started with start_tls");
         format!("tcp+tls://127.0.0.1:{port}")

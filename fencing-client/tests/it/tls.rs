@@ -23,6 +23,22 @@ async fn granted<L: LockBackendExt>(locks: &L, name: &str) -> u64 {
     token
 }
 
+/// With `certs`' CA, a lease granted over TLS through `connect`; with the other CA, a
+/// refusal (of the connect, or of the first request) naming `server` and the TLS error.
+async fn granted_with_its_ca_refused_with_another<L: LockBackendExt>(
+    certs: &TestCerts,
+    server: &str,
+    connect: impl AsyncFn(&ClientTls) -> Result<L, LockError>,
+) {
+    let tls = ClientTls::new().ca_file(&certs.ca_file).unwrap();
+    granted(&connect(&tls).await.unwrap(), "over-tls").await;
+    let other = ClientTls::new().ca_file(&certs.other_ca_file).unwrap();
+    let refused =
+        async { connect(&other).await?.acquire("over-tls", "tls-client", Duration::from_secs(5)).await };
+    let refused = timeout(BOUND, refused).await.expect("refused within the bound");
+    eprintln!("another CA: {}", refused_for_its_certificate(refused, server));
+}
+
 /// A failure of the TLS handshake: a transport error naming `server` and the TLS problem.
 fn refused_for_its_certificate(result: Result<impl std::fmt::Debug, LockError>, server: &str) -> String {
     match result {
@@ -67,15 +83,10 @@ mod etcd {
         let certs = TestCerts::new(&["127.0.0.1", "localhost"]);
         let Some(etcd) = Etcd::start_tls(&certs, false).await else { return };
         assert!(etcd.endpoint.starts_with("https://"));
-        let tls = ClientTls::new().ca_file(&certs.ca_file).unwrap();
-        let locks = EtcdLockClient::connect_tls([etcd.endpoint.as_str()], &tls).await.unwrap();
-        granted(&locks, "over-tls").await;
-
-        let other = ClientTls::new().ca_file(&certs.other_ca_file).unwrap();
-        let locks = EtcdLockClient::connect_tls([etcd.endpoint.as_str()], &other).await.unwrap();
         let server = etcd.endpoint.trim_start_matches("https://");
-        let refused = timeout(BOUND, locks.acquire("over-tls", "tls-client", Duration::from_secs(5))).await;
-        eprintln!("etcd, another CA: {}", refused_for_its_certificate(refused.unwrap(), server));
+        let connect =
+            async |tls: &ClientTls| EtcdLockClient::connect_tls([etcd.endpoint.as_str()], tls).await;
+        granted_with_its_ca_refused_with_another(&certs, server, connect).await;
         // The system's roots (`connect` to an https:// endpoint) do not know the test's CA either.
         let locks = EtcdLockClient::connect([etcd.endpoint.as_str()]).await.unwrap();
         refused_for_its_certificate(
@@ -118,21 +129,17 @@ mod redis {
         let Some(redis) = Redis::start_tls(&certs).await else { return };
         let url = redis.url();
         assert!(url.starts_with("rediss://"));
-        let tls = ClientTls::new().ca_file(&certs.ca_file).unwrap();
-        let locks = RedisLockClient::builder(&url).tls(tls.clone()).connect().await.unwrap();
-        granted(&locks, "over-tls").await;
+        let server = url.trim_start_matches("rediss://");
+        let connect = async |tls: &ClientTls| RedisLockClient::builder(&url).tls(tls.clone()).connect().await;
+        granted_with_its_ca_refused_with_another(&certs, server, connect).await;
         // The redis crate's `#insecure`: no certificate checked.
         let insecure = RedisLockClient::connect(&format!("{url}/#insecure")).await.unwrap();
         granted(&insecure, "insecure").await;
-
-        let server = url.trim_start_matches("rediss://");
-        let other = ClientTls::new().ca_file(&certs.other_ca_file).unwrap();
-        let refused = timeout(BOUND, RedisLockClient::builder(&url).tls(other).connect()).await.unwrap();
-        eprintln!("Redis, another CA: {}", refused_for_its_certificate(refused, server));
-        // The system's roots do not know the test's CA either.
+        // The system's roots do not know the test's CA.
         refused_for_its_certificate(timeout(BOUND, RedisLockClient::connect(&url)).await.unwrap(), server);
         // TLS settings with a URL that does not say TLS.
         let plain = url.replacen("rediss://", "redis://", 1);
+        let tls = ClientTls::new().ca_file(&certs.ca_file).unwrap();
         match RedisLockClient::builder(&plain).tls(tls).connect().await {
             Err(LockError::InvalidArgument(e)) => assert!(e.contains("rediss://"), "{e}"),
             other => panic!("{other:?}"),
@@ -152,14 +159,9 @@ mod zookeeper {
         let certs = TestCerts::new(&["127.0.0.1", "localhost"]);
         let Some(zk) = ZooKeeper::start_tls(&certs).await else { return };
         let cluster = zk.tls_cluster();
-        let tls = ClientTls::new().ca_file(&certs.ca_file).unwrap();
-        let locks = ZkLockClient::connect_tls(&cluster, &tls).await.unwrap();
-        granted(&locks, "over-tls").await;
-
         let server = cluster.trim_start_matches("tcp+tls://");
-        let other = ClientTls::new().ca_file(&certs.other_ca_file).unwrap();
-        let refused = timeout(BOUND, ZkLockClient::connect_tls(&cluster, &other)).await.unwrap();
-        eprintln!("ZooKeeper, another CA: {}", refused_for_its_certificate(refused, server));
+        let connect = async |tls: &ClientTls| ZkLockClient::connect_tls(&cluster, tls).await;
+        granted_with_its_ca_refused_with_another(&certs, server, connect).await;
         // No CA, and a TLS server without TLS settings: refused before any connection.
         let no_ca = ZkLockClient::connect_tls(&cluster, &ClientTls::new()).await;
         assert!(

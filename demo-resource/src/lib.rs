@@ -215,10 +215,13 @@ pub struct Config {
 /// Where the replicas' shared marks live in etcd ([`Config::etcd_marks`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdMarks {
-    /// The cluster's client URLs (`http://127.0.0.1:2379`, …).
+    /// The cluster's client URLs (`http://127.0.0.1:2379`, …; `https://` over TLS).
     pub endpoints: Vec<String>,
     /// The key prefix marks and claims live under: the same on every replica.
     pub prefix: String,
+    /// With `https://` endpoints: the PEM file of the CA that signed the members'
+    /// certificates (`--etcd-ca`); `None` trusts the system's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Config {

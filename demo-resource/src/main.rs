@@ -14,9 +14,9 @@
 //!   that every replica checks (and by the per-process layer in front). It
 //!   creates the tables at start-up if missing. `--local-marks` keeps only the
 //!   per-process layer, to show that it is not enough with several replicas.
-//! * `serve --etcd ENDPOINTS [--etcd-prefix P]` (built with `--features etcd`): the layer decides
-//!   through marks every replica shares in etcd (replica claims on one etcd lease per process),
-//!   whatever holds the data (`--in-memory`, `--data-dir`, or `--postgres` with its writes then not
+//! * `serve --etcd ENDPOINTS [--etcd-prefix P] [--etcd-ca FILE]` (built with `--features etcd`):
+//!   the layer decides through marks every replica shares in etcd (replica claims on one etcd lease
+//!   per process; `https://` endpoints over TLS, with `--etcd-ca`'s CA), whatever holds the data (`--in-memory`, `--data-dir`, or `--postgres` with its writes then not
 //!   fenced in their transactions). docs/replicas.md.
 //! * `serve --verify-key FILE`: a token may raise a path's mark only with the lock
 //!   service's `Fencing-Proof` for that path's lock (FILE: the public key, one line
@@ -152,6 +152,10 @@ struct Serve {
     /// With --etcd: the key prefix the marks and claims live under.
     #[arg(long, value_name = "PREFIX", default_value = "fencing/demo-resource/", requires = "etcd")]
     etcd_prefix: String,
+    /// With --etcd https://…: the CA certificate(s) (PEM file) that signed the members'
+    /// certificates. Without it, https:// endpoints are checked against the system's roots.
+    #[arg(long, value_name = "FILE", requires = "etcd")]
+    etcd_ca: Option<PathBuf>,
     /// The lock service's public key (one line of URL-safe base64): a token may raise a
     /// mark only with a valid `Fencing-Proof` for its path's lock, else 403.
     #[arg(long, value_name = "FILE", conflicts_with = "no_fencing")]
@@ -231,8 +235,11 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
         None => Config::durable(&args.data_dir),
     };
     let config = if args.no_fencing { config.without_fencing() } else { config };
-    let etcd_marks = (!args.etcd.is_empty())
-        .then(|| demo_resource::EtcdMarks { endpoints: args.etcd.clone(), prefix: args.etcd_prefix.clone() });
+    let etcd_marks = (!args.etcd.is_empty()).then(|| demo_resource::EtcdMarks {
+        endpoints: args.etcd.clone(),
+        prefix: args.etcd_prefix.clone(),
+        ca_file: args.etcd_ca.clone(),
+    });
     let config = Config { etcd_marks, ..config };
     let config = match verify_key {
         Some(key) => config.verify_key(key),

@@ -7,10 +7,12 @@ use std::fmt;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetResponse, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetResponse, Identity, KeyValue, PutOptions,
+    TlsOptions, Txn, TxnOp, TxnOpResponse,
 };
 
 use crate::backend::{Grant, LockError, LockProtocol, LockStatus, check_name_and_holder};
+use crate::tls::{ClientTls, with_sources};
 
 /// etcd-client's error text for a keepalive answered with TTL 0 (the lease is gone).
 const KEEPALIVE_TTL_ZERO: &str = "lease not found";
@@ -63,6 +65,8 @@ pub const DEFAULT_ETCD_PREFIX: &str = "fencing/locks/";
 pub struct EtcdLockClient {
     client: Client,
     prefix: String,
+    /// The endpoints, for messages (empty: [`EtcdLockClient::from_client`]).
+    endpoints: String,
 }
 
 impl fmt::Debug for EtcdLockClient {
@@ -76,25 +80,64 @@ impl EtcdLockClient {
     /// is bounded to 5 s and each direct request to 30 s (the lease keeper bounds its
     /// own calls tighter). The connection is made lazily: an unreachable etcd shows up
     /// as an error of the first request, not here.
+    ///
+    /// `https://` endpoints are reached over TLS, trusting the system's roots; for a
+    /// cluster with a CA of its own, or a client certificate, see
+    /// [`connect_tls`](Self::connect_tls).
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(endpoints: S) -> Result<Self, LockError> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(5))
-            .with_timeout(Duration::from_secs(30));
+        let https = endpoints.as_ref().iter().any(|e| e.as_ref().starts_with("https://"));
+        let options = default_options();
+        let options = if https { options.with_tls(ClientTls::new().etcd_options()) } else { options };
         Self::connect_with(endpoints, options).await
     }
 
+    /// As [`connect`](Self::connect), over TLS as `tls` says, to `https://` endpoints
+    /// (e.g. `["https://127.0.0.1:2379"]`; an `http://` one is refused). A server whose
+    /// certificate `tls`'s CA did not sign fails the first request, naming the TLS error
+    /// (`invalid peer certificate: UnknownIssuer`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), fencing_client::LockError> {
+    /// use fencing_client::{EtcdLockClient, tls::ClientTls};
+    ///
+    /// let tls = ClientTls::new()
+    ///     .ca_file("/etc/etcd/ca.pem")?
+    ///     .identity_files("/etc/etcd/client.pem", "/etc/etcd/client-key.pem")?;
+    /// let locks = EtcdLockClient::connect_tls(["https://10.0.0.1:2379", "https://10.0.0.2:2379"], &tls).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_tls<E: AsRef<str>, S: AsRef<[E]>>(
+        endpoints: S,
+        tls: &ClientTls,
+    ) -> Result<Self, LockError> {
+        Self::connect_with(endpoints, default_options().with_tls(tls.etcd_options())).await
+    }
+
     /// Connects with explicit etcd-client options (TLS, user and password, timeouts).
+    /// [`ClientTls::etcd_options`] makes the TLS part from PEM files.
     pub async fn connect_with<E: AsRef<str>, S: AsRef<[E]>>(
         endpoints: S,
         options: ConnectOptions,
     ) -> Result<Self, LockError> {
+        let named: Vec<&str> = endpoints.as_ref().iter().map(AsRef::as_ref).collect();
+        let named = named.join(",");
         let client = Client::connect(endpoints, Some(options)).await.map_err(etcd_error)?;
-        Ok(Self::from_client(client))
+        Ok(EtcdLockClient { endpoints: named, ..Self::from_client(client) })
     }
 
     /// Uses an already connected etcd client.
     pub fn from_client(client: Client) -> Self {
-        EtcdLockClient { client, prefix: DEFAULT_ETCD_PREFIX.to_owned() }
+        EtcdLockClient { client, prefix: DEFAULT_ETCD_PREFIX.to_owned(), endpoints: String::new() }
+    }
+
+    /// [`etcd_error`], naming the endpoints in a transport error (which may be a TLS one).
+    fn error(&self, e: etcd_client::Error) -> LockError {
+        match etcd_error(e) {
+            LockError::Transport(why) if !self.endpoints.is_empty() => {
+                LockError::Transport(format!("{why} (etcd at {})", self.endpoints))
+            }
+            other => other,
+        }
     }
 
     /// Puts lock keys under `prefix` instead of [`DEFAULT_ETCD_PREFIX`]. The key of
@@ -118,7 +161,7 @@ impl EtcdLockClient {
     /// lease TTL, which it reports in whole seconds.
     pub async fn lock_status(&self, name: &str) -> Result<Option<LockStatus>, LockError> {
         let mut client = self.client.clone();
-        let resp = client.get(self.lock_key(name), None).await.map_err(etcd_error)?;
+        let resp = client.get(self.lock_key(name), None).await.map_err(|e| self.error(e))?;
         let Some(kv) = resp.kvs().first() else { return Ok(None) };
         let (holder, expires_in) = self.holder_of(kv).await?;
         Ok(Some(LockStatus { name: name.to_owned(), holder, token: token_of(kv)?, expires_in }))
@@ -134,7 +177,7 @@ impl EtcdLockClient {
         let expires_in = match client.lease_time_to_live(kv.lease(), None).await {
             // TTL is -1 once the lease has expired.
             Ok(r) => Duration::from_secs(u64::try_from(r.ttl()).unwrap_or(0)),
-            Err(e) => match etcd_error(e) {
+            Err(e) => match self.error(e) {
                 LockError::LeaseNotFound => Duration::ZERO,
                 other => return Err(other),
             },
@@ -154,7 +197,7 @@ impl LockProtocol for EtcdLockClient {
         check_name_and_holder(name, holder)?;
         let ttl_secs = ttl_seconds(ttl)?;
         let mut client = self.client.clone();
-        let granted = client.lease_grant(ttl_secs, None).await.map_err(etcd_error)?;
+        let granted = client.lease_grant(ttl_secs, None).await.map_err(|e| self.error(e))?;
         if !granted.error().is_empty() {
             return Err(LockError::Rejected { status: 0, detail: granted.error().to_owned() });
         }
@@ -173,7 +216,7 @@ impl LockProtocol for EtcdLockClient {
             Ok(r) => r,
             Err(e) => {
                 self.revoke_quietly(lease_id).await;
-                return Err(etcd_error(e));
+                return Err(self.error(e));
             }
         };
         let current = last_get(&outcome.op_responses());
@@ -215,10 +258,10 @@ impl LockProtocol for EtcdLockClient {
             Err(etcd_client::Error::LeaseKeepAliveError(m)) if m == KEEPALIVE_TTL_ZERO => {
                 return Err(LockError::LeaseNotFound);
             }
-            Err(e) => return Err(etcd_error(e)),
+            Err(e) => return Err(self.error(e)),
         }
         // The lease lives; is the key still the one we created on it?
-        let resp = client.get(self.lock_key(&grant.name), None).await.map_err(etcd_error)?;
+        let resp = client.get(self.lock_key(&grant.name), None).await.map_err(|e| self.error(e))?;
         match resp.kvs().first() {
             Some(kv) if kv.lease() == id && token_of(kv)? == grant.token => Ok(()),
             other => {
@@ -243,14 +286,35 @@ impl LockProtocol for EtcdLockClient {
         let txn = Txn::new()
             .when([Compare::create_revision(key.as_str(), CompareOp::Equal, revision)])
             .and_then([TxnOp::delete(key.as_str(), None)]);
-        let deleted = client.txn(txn).await.map_err(etcd_error)?.succeeded();
+        let deleted = client.txn(txn).await.map_err(|e| self.error(e))?.succeeded();
         match client.lease_revoke(id).await {
             Ok(_) => Ok(()),
-            Err(e) => match etcd_error(e) {
+            Err(e) => match self.error(e) {
                 // The lease was gone already; fine if we still removed our key.
                 LockError::LeaseNotFound if deleted => Ok(()),
                 other => Err(other),
             },
+        }
+    }
+}
+
+/// What [`EtcdLockClient::connect`] connects with: 5 s to connect, 30 s a request.
+fn default_options() -> ConnectOptions {
+    ConnectOptions::new().with_connect_timeout(Duration::from_secs(5)).with_timeout(Duration::from_secs(30))
+}
+
+impl ClientTls {
+    /// These settings as etcd-client takes them ([`ConnectOptions::with_tls`]): the CA
+    /// given (else the system's roots), and the client certificate, if given.
+    pub fn etcd_options(&self) -> TlsOptions {
+        let options = TlsOptions::new();
+        let options = match self.ca_text() {
+            Some(ca) => options.ca_certificate(Certificate::from_pem(ca)),
+            None => options.with_native_roots(),
+        };
+        match self.identity_text() {
+            Some((cert, key)) => options.identity(Identity::from_pem(cert, key)),
+            None => options,
         }
     }
 }
@@ -289,17 +353,19 @@ fn last_get(responses: &[TxnOpResponse]) -> Option<GetResponse> {
 
 fn etcd_error(e: etcd_client::Error) -> LockError {
     use etcd_client::Error as E;
+    use std::error::Error as _;
     use tonic::Code;
     match e {
         E::GRpcStatus(status) => match status.code() {
             Code::NotFound => LockError::LeaseNotFound,
             Code::DeadlineExceeded => LockError::Timeout,
+            // A failed connection's cause (a TLS error among them) is in the sources.
             Code::Unavailable | Code::Cancelled | Code::Unknown => {
-                LockError::Transport(format!("etcd: {}", status.message()))
+                LockError::Transport(format!("etcd: {}", with_sources(status.message(), status.source())))
             }
             code => LockError::Rejected { status: code as u16, detail: status.message().to_owned() },
         },
-        E::TransportError(e) => LockError::Transport(format!("etcd: {e}")),
+        E::TransportError(e) => LockError::Transport(format!("etcd: {}", with_sources(&e, e.source()))),
         E::IoError(e) => LockError::Transport(format!("etcd: {e}")),
         E::LeaseKeepAliveError(e) => LockError::Transport(format!("etcd keepalive: {e}")),
         E::InvalidArgs(e) => LockError::InvalidArgument(e),

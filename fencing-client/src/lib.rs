@@ -72,6 +72,8 @@ pub mod postgres;
 #[cfg(feature = "redis")]
 #[path = "redis_lock.rs"]
 pub mod redis;
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper-tls"))]
+pub mod tls;
 pub mod verify;
 #[cfg(feature = "zookeeper")]
 pub mod zookeeper;

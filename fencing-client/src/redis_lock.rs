@@ -15,6 +15,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, Script};
 
 use crate::backend::{Grant, LockError, LockProtocol, LockStatus, check_name_and_holder};
+use crate::tls::ClientTls;
 
 /// The key prefix unless [`RedisLockClientBuilder::prefix`] says otherwise.
 pub const DEFAULT_REDIS_PREFIX: &str = "fencing:";
@@ -139,6 +140,7 @@ pub struct RedisLockClientBuilder {
     url: String,
     prefix: String,
     accept_volatile_counter: bool,
+    tls: Option<ClientTls>,
 }
 
 impl RedisLockClientBuilder {
@@ -159,9 +161,26 @@ impl RedisLockClientBuilder {
         self
     }
 
+    /// Over TLS (a `rediss://` URL), checks the server's certificate with `tls`'s CA
+    /// (instead of the system's roots) and shows its client certificate, if any, to a server
+    /// that asks (`tls-auth-clients`). Without it, a `rediss://` URL trusts the system's
+    /// roots; `rediss://host:port/#insecure` checks no certificate at all (the redis crate's
+    /// convention: for tests only, anyone on the path can then read and forge the tokens).
+    pub fn tls(mut self, tls: ClientTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+
     /// Connects (within 5 s), then checks the server's persistence settings unless
     /// told not to. Requests are bounded to 30 s (the lease keeper bounds its own
     /// tighter); a dropped connection is re-established in the background.
+    ///
+    /// # Errors
+    ///
+    /// [`LockError::InvalidArgument`] for a bad URL or prefix, or TLS settings with a URL that
+    /// is not `rediss://`; [`LockError::Transport`] naming the server if it cannot be reached
+    /// (over TLS: with the TLS error, e.g. `invalid peer certificate: UnknownIssuer`);
+    /// [`LockError::NotDurable`] as the type says.
     pub async fn connect(self) -> Result<RedisLockClient, LockError> {
         if self.prefix.contains(['{', '}']) {
             return Err(LockError::InvalidArgument(format!(
@@ -169,8 +188,8 @@ impl RedisLockClientBuilder {
                 self.prefix
             )));
         }
-        let client = redis::Client::open(self.url.as_str())
-            .map_err(|e| LockError::InvalidArgument(format!("bad Redis URL {:?}: {e}", self.url)))?;
+        let client = self.client()?;
+        let server = client.get_connection_info().addr().to_string();
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_BOUND))
             .set_response_timeout(Some(DIRECT_CALL_BOUND))
@@ -179,7 +198,10 @@ impl RedisLockClientBuilder {
         let mut connection = tokio::time::timeout(CONNECT_BOUND * 2, connect)
             .await
             .map_err(|_| LockError::Timeout)?
-            .map_err(redis_error)?;
+            .map_err(|e| match redis_error(e) {
+                LockError::Transport(why) => LockError::Transport(format!("{why} (connecting to {server})")),
+                other => other,
+            })?;
         if !self.accept_volatile_counter {
             check_durable(&mut connection).await?;
         }
@@ -193,6 +215,33 @@ impl RedisLockClientBuilder {
                 status: Script::new(STATUS),
             }),
         })
+    }
+}
+
+impl RedisLockClientBuilder {
+    /// The redis-rs client of the URL, with the TLS settings if any.
+    fn client(&self) -> Result<redis::Client, LockError> {
+        let url = self.url.as_str();
+        let bad_url = |e: RedisError| LockError::InvalidArgument(format!("bad Redis URL {url:?}: {e}"));
+        let tls_url = url.starts_with("rediss://") || url.starts_with("valkeys://");
+        if tls_url {
+            // redis-rs builds its TLS configuration on the process's rustls provider.
+            crate::tls::use_ring_unless_chosen();
+        }
+        let Some(tls) = &self.tls else { return redis::Client::open(url).map_err(bad_url) };
+        if !tls_url {
+            return Err(LockError::InvalidArgument(format!(
+                "TLS settings given for Redis URL {url:?}: a Redis reached over TLS is written rediss://"
+            )));
+        }
+        let certificates = redis::TlsCertificates {
+            client_tls: tls.identity_text().map(|(cert, key)| redis::ClientTlsConfig {
+                client_cert: cert.to_vec(),
+                client_key: key.to_vec(),
+            }),
+            root_cert: tls.ca_text().map(<[u8]>::to_vec),
+        };
+        redis::Client::build_with_tls(url, certificates).map_err(bad_url)
     }
 }
 
@@ -232,8 +281,10 @@ async fn config_get(connection: &mut ConnectionManager, name: &str) -> Result<St
 }
 
 impl RedisLockClient {
-    /// Connects to `url` (`redis://[user:password@]host:port[/db]`) with the default
-    /// settings: refuses a server that is not durable (see the type's docs).
+    /// Connects to `url` (`redis://[user:password@]host:port[/db]`, or `rediss://…` over
+    /// TLS, trusting the system's roots) with the default settings: refuses a server that
+    /// is not durable (see the type's docs). A CA of one's own: [`builder`](Self::builder)
+    /// and [`RedisLockClientBuilder::tls`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         Self::builder(url).connect().await
     }
@@ -244,6 +295,7 @@ impl RedisLockClient {
             url: url.into(),
             prefix: DEFAULT_REDIS_PREFIX.to_owned(),
             accept_volatile_counter: false,
+            tls: None,
         }
     }
 

@@ -82,7 +82,7 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_');
 /// ```
 #[derive(Clone)]
 pub struct ZkLockClient {
-    cluster: Arc<str>,
+    ensemble: Ensemble,
     prefix: Arc<str>,
     /// A session of its own for reads (status, the pre-check before acquiring) and for
     /// creating the prefix; it never holds a lock.
@@ -94,24 +94,77 @@ pub struct ZkLockClient {
 impl fmt::Debug for ZkLockClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkLockClient")
-            .field("cluster", &self.cluster)
+            .field("cluster", &self.ensemble.cluster)
+            .field("tls", &self.ensemble.tls.is_some())
             .field("prefix", &self.prefix)
             .finish_non_exhaustive()
     }
 }
 
+/// The servers, and how every session (the reader's, each grant's) reaches them.
+#[derive(Clone)]
+struct Ensemble {
+    cluster: Arc<str>,
+    /// TLS to every server not written `tcp://` (feature `zookeeper-tls`).
+    #[cfg(feature = "zookeeper-tls")]
+    tls: Option<(zk::TlsOptions, crate::tls::ClientTls)>,
+    #[cfg(not(feature = "zookeeper-tls"))]
+    tls: Option<std::convert::Infallible>,
+}
+
+impl Ensemble {
+    /// A session through `connector`, over TLS if the client was made so.
+    async fn open(&self, connector: zk::Connector) -> Result<zk::Client, zk::Error> {
+        #[cfg(feature = "zookeeper-tls")]
+        if let Some((options, _)) = &self.tls {
+            return connector.with_tls(options.clone()).secure_connect(&self.cluster).await;
+        }
+        connector.connect(&self.cluster).await
+    }
+}
+
 impl ZkLockClient {
     /// Connects to the ZooKeeper ensemble `cluster` (`host:port[,host:port…]`), failing
-    /// fast if no server answers.
+    /// fast if no server answers. A server written `tcp+tls://host:port` is reached over
+    /// TLS: that needs [`connect_tls`](Self::connect_tls) (feature `zookeeper-tls`).
     pub async fn connect(cluster: &str) -> Result<Self, LockError> {
-        if cluster.trim().is_empty() {
+        if cluster.contains("tcp+tls://") {
+            return Err(LockError::InvalidArgument(format!(
+                "ZooKeeper {cluster}: tcp+tls:// servers need TLS settings: ZkLockClient::connect_tls \
+                 (fencing-client feature `zookeeper-tls`) with a CA"
+            )));
+        }
+        Self::open(Ensemble { cluster: cluster.into(), tls: None }).await
+    }
+
+    /// Connects to `cluster` over TLS, checking each server's certificate with `tls`'s CA
+    /// (required: the ZooKeeper client does not read the system's roots). Every server
+    /// is reached over TLS unless written `tcp://host:port`: give the servers' secure client
+    /// ports (`secureClientPort`), e.g. `zk-1:2281,zk-2:2281` (`tcp+tls://zk-1:2281` says
+    /// the same). A certificate the CA did not sign fails the connect with the TLS error.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`](Self::connect); [`LockError::InvalidArgument`] without a CA.
+    #[cfg(feature = "zookeeper-tls")]
+    pub async fn connect_tls(cluster: &str, tls: &crate::tls::ClientTls) -> Result<Self, LockError> {
+        let options = tls_options(tls)?;
+        crate::tls::use_ring_unless_chosen();
+        let ensemble = Ensemble { cluster: cluster.into(), tls: Some((options, tls.clone())) };
+        match Self::open(ensemble.clone()).await {
+            Err(LockError::Transport(e)) => Err(LockError::Transport(tls_failure(&ensemble, e).await)),
+            other => other,
+        }
+    }
+
+    /// The client of `ensemble`, once its reading session is open.
+    async fn open(ensemble: Ensemble) -> Result<Self, LockError> {
+        if ensemble.cluster.trim().is_empty() {
             return Err(LockError::InvalidArgument("empty ZooKeeper connect string".into()));
         }
-        let connect = zk::Client::connector()
-            .with_session_timeout(Duration::from_secs(10))
-            .with_fail_eagerly()
-            .connect(cluster);
-        let reader = tokio::time::timeout(DIRECT_CALL_BOUND, connect)
+        let connector =
+            zk::Client::connector().with_session_timeout(Duration::from_secs(10)).with_fail_eagerly();
+        let reader = tokio::time::timeout(DIRECT_CALL_BOUND, ensemble.open(connector))
             .await
             .map_err(|_| LockError::Timeout)?
             .map_err(|e| match e {
@@ -120,12 +173,7 @@ impl ZkLockClient {
                 }
                 e => zk_error(e),
             })?;
-        Ok(ZkLockClient {
-            cluster: cluster.into(),
-            prefix: DEFAULT_ZK_PREFIX.into(),
-            reader,
-            sessions: Arc::default(),
-        })
+        Ok(ZkLockClient { ensemble, prefix: DEFAULT_ZK_PREFIX.into(), reader, sessions: Arc::default() })
     }
 
     /// Puts lock znodes under `prefix` (an absolute path such as `/app/locks`, without a
@@ -190,7 +238,7 @@ impl ZkLockClient {
         if detached {
             connector = connector.with_detached();
         }
-        connector.connect(&self.cluster).await.map_err(session_error)
+        self.ensemble.open(connector).await.map_err(session_error)
     }
 
     /// Closes `client`'s session (its ephemeral znodes go with it) and waits, bounded,
@@ -220,13 +268,8 @@ impl ZkLockClient {
         if let Some(held) = self.held(path).await? {
             return Ok(Attempt::Held(held));
         }
-        let session = zk::Client::connector()
-            .with_session_timeout(ttl)
-            .with_fail_eagerly()
-            .with_detached()
-            .connect(&self.cluster)
-            .await
-            .map_err(zk_error)?;
+        let connector = zk::Client::connector().with_session_timeout(ttl).with_fail_eagerly().with_detached();
+        let session = self.ensemble.open(connector).await.map_err(zk_error)?;
         let options = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
         let mut created = session.create(path, holder.as_bytes(), &options).await;
         if matches!(created, Err(zk::Error::NoNode)) {
@@ -377,6 +420,49 @@ impl LockProtocol for ZkLockClient {
             false => Err(LockError::LeaseNotFound),
         }
     }
+}
+
+/// `tls` as the ZooKeeper client takes it: its CA (required) and client certificate.
+#[cfg(feature = "zookeeper-tls")]
+fn tls_options(tls: &crate::tls::ClientTls) -> Result<zk::TlsOptions, LockError> {
+    let pem = |text: &[u8]| String::from_utf8_lossy(text).into_owned();
+    let Some(ca) = tls.ca_text() else {
+        return Err(LockError::InvalidArgument(
+            "ZooKeeper over TLS needs a CA (ClientTls::ca_file): its client does not read the system's roots"
+                .into(),
+        ));
+    };
+    let tls_error = |e: zk::Error| LockError::InvalidArgument(format!("ZooKeeper TLS settings: {e}"));
+    let options = zk::TlsOptions::new().with_pem_ca(&pem(ca)).map_err(tls_error)?;
+    match tls.identity_text() {
+        Some((cert, key)) => options.with_pem_identity(&pem(cert), &pem(key)).map_err(tls_error),
+        None => Ok(options),
+    }
+}
+
+/// `failure` (no server reached), with why TLS to the first TLS server failed, if it did: the
+/// ZooKeeper client says only that it lost the connection.
+#[cfg(feature = "zookeeper-tls")]
+async fn tls_failure(ensemble: &Ensemble, failure: String) -> String {
+    let Some((_, tls)) = &ensemble.tls else { return failure };
+    let Some((host, port)) = first_tls_server(&ensemble.cluster) else { return failure };
+    match crate::tls::handshake(tls, host, port).await {
+        Err(why) => format!("{failure}; TLS to {host}:{port} failed: {why}"),
+        Ok(()) => failure,
+    }
+}
+
+/// The host and port of the first server of `cluster` reached over TLS (all but `tcp://` ones).
+#[cfg(feature = "zookeeper-tls")]
+fn first_tls_server(cluster: &str) -> Option<(&str, u16)> {
+    let server = cluster.split(',').map(str::trim).find(|s| !s.starts_with("tcp://"))?;
+    let server = server.strip_prefix("tcp+tls://").unwrap_or(server);
+    // The last server may be followed by the chroot path.
+    let server = server.split('/').next().unwrap_or(server);
+    Some(match server.rsplit_once(':') {
+        Some((host, port)) => (host.trim_start_matches('[').trim_end_matches(']'), port.parse().ok()?),
+        None => (server, 2181),
+    })
 }
 
 fn token_of(stat: &zk::Stat) -> Result<u64, LockError> {

@@ -113,14 +113,17 @@ mod lease;
 mod members;
 mod session;
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 pub use etcd_client;
-use etcd_client::{Client, ConnectOptions};
+use etcd_client::{Certificate, Client, ConnectOptions, TlsOptions};
 use fencing_layer::claims::check_text_key;
 pub use fencing_layer::claims::{ClaimStore, ClaimTiming, ClaimTimingError};
 use fencing_layer::store::{SharedAdmission, SharedPermit, SharedRefusal, SharedStore, StoreError};
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject as _;
 
 use crate::backend::EtcdClaims;
 use crate::layout::{Layout, MAX_KEY_BYTES};
@@ -166,6 +169,37 @@ pub fn connect_options() -> ConnectOptions {
         .with_timeout(Duration::from_secs(5))
 }
 
+/// TLS to `https://` endpoints ([`ConnectOptions::with_tls`]): trust the certificate
+/// authorities in the PEM file `ca_file` (a cluster's own CA), or with `None` the system's
+/// roots. Add a client certificate for etcd's `--client-cert-auth` with
+/// [`TlsOptions::identity`]. A server whose certificate the CA did not sign fails the
+/// first request (etcd-client connects lazily): [`EtcdSharedStore::ready`] names the TLS
+/// error (`invalid peer certificate: UnknownIssuer`).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), etcd_client::Error> {
+/// use std::path::Path;
+///
+/// let tls = fencing_etcd::tls_options(Some(Path::new("/etc/etcd/ca.pem")))?;
+/// let store = fencing_etcd::EtcdSharedStore::connect_tls(["https://10.0.0.1:2379"], "app/marks/", tls).await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+///
+/// [`etcd_client::Error::InvalidArgs`] naming the file, if it cannot be read or holds no
+/// PEM certificate.
+pub fn tls_options(ca_file: Option<&Path>) -> Result<TlsOptions, etcd_client::Error> {
+    let Some(path) = ca_file else { return Ok(TlsOptions::new().with_native_roots()) };
+    let refused = |why: String| etcd_client::Error::InvalidArgs(format!("CA file {}: {why}", path.display()));
+    let pem = std::fs::read(path).map_err(|e| refused(format!("cannot read it: {e}")))?;
+    let certificates = CertificateDer::pem_slice_iter(&pem).collect::<Result<Vec<_>, _>>();
+    match certificates.map_err(|e| refused(format!("bad PEM: {e}")))?.len() {
+        0 => Err(refused("no PEM certificate in it".to_owned())),
+        _ => Ok(TlsOptions::new().ca_certificate(Certificate::from_pem(pem))),
+    }
+}
+
 /// One client per endpoint, each made with `options` (lazily: a member out of
 /// reach shows when it is asked): what [`EtcdSharedStore::with_members`] takes,
 /// so that a member that stalls is passed over rather than waited for.
@@ -192,11 +226,39 @@ impl EtcdSharedStore {
     /// # Errors
     ///
     /// An endpoint that is not a URL, or none.
+    ///
+    /// `https://` endpoints are reached over TLS, trusting the system's roots; a
+    /// cluster with a CA of its own: [`connect_tls`](Self::connect_tls).
     pub async fn connect<E: AsRef<str>, S: AsRef<[E]>>(
         endpoints: S,
         prefix: impl Into<String>,
     ) -> Result<Self, etcd_client::Error> {
-        let clients = member_clients(endpoints.as_ref(), connect_options()).await?;
+        let https = endpoints.as_ref().iter().any(|e| e.as_ref().starts_with("https://"));
+        let options = if https { connect_options().with_tls(tls_options(None)?) } else { connect_options() };
+        Self::connect_with(endpoints, prefix, options).await
+    }
+
+    /// As [`connect`](Self::connect), to `https://` endpoints over TLS as `tls` says
+    /// (see [`tls_options`]).
+    ///
+    /// # Errors
+    ///
+    /// An endpoint that is not a URL, or is `http://`, or none.
+    pub async fn connect_tls<E: AsRef<str>, S: AsRef<[E]>>(
+        endpoints: S,
+        prefix: impl Into<String>,
+        tls: TlsOptions,
+    ) -> Result<Self, etcd_client::Error> {
+        Self::connect_with(endpoints, prefix, connect_options().with_tls(tls)).await
+    }
+
+    /// One client per endpoint with `options` (made from [`connect_options`]).
+    async fn connect_with<E: AsRef<str>, S: AsRef<[E]>>(
+        endpoints: S,
+        prefix: impl Into<String>,
+        options: ConnectOptions,
+    ) -> Result<Self, etcd_client::Error> {
+        let clients = member_clients(endpoints.as_ref(), options).await?;
         if clients.is_empty() {
             return Err(etcd_client::Error::InvalidArgs("no etcd endpoint".into()));
         }

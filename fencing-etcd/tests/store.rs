@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use fencing_etcd::{ClaimTiming, EtcdSharedStore, connect_options};
+use fencing_etcd::{ClaimTiming, EtcdSharedStore, connect_options, tls_options};
 use fencing_layer::store::{SharedRefusal, SharedStore};
-use test_support::Etcd;
+use test_support::{Etcd, TestCerts};
 use tokio::time::{Instant, timeout};
 
 const BOUND: Duration = Duration::from_secs(20);
@@ -105,4 +105,30 @@ async fn keys_etcd_cannot_hold_are_refused_before_any_round_trip() {
     assert!(matches!(admit(&store, "a\0b", 1, BOUND).await, Err(SharedRefusal::InvalidKey(_))));
     assert!(etcd_keys(&etcd, "r/").await.is_empty());
     admit(&store, &"k".repeat(1024), u64::MAX, BOUND).await.expect("the longest key and the highest token");
+}
+
+/// Over TLS: with the CA that signed the server's certificate the store is ready; with
+/// another, `ready` fails saying why; a bad CA file is refused naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_ready_with_its_ca_and_refused_with_another() {
+    let certs = TestCerts::new(&["127.0.0.1"]);
+    let Some(etcd) = Etcd::start_tls(&certs, false).await else { return };
+    let tls = tls_options(Some(&certs.ca_file)).unwrap();
+    let store = EtcdSharedStore::connect_tls([etcd.endpoint.as_str()], "tls/", tls).await.unwrap();
+    timeout(BOUND, store.ready()).await.expect("ready in time").unwrap();
+    admit(&store, "/docs/1", 1, BOUND).await.expect("admitted over TLS");
+
+    // Another CA: the store is not ready (the keeper's warning says why), and a request
+    // made with the same options fails with the TLS error.
+    let other = tls_options(Some(&certs.other_ca_file)).unwrap();
+    let store = EtcdSharedStore::connect_tls([etcd.endpoint.as_str()], "tls/", other.clone()).await.unwrap();
+    assert!(timeout(BOUND, store.ready()).await.expect("an answer in time").is_err());
+    let options = connect_options().with_tls(other);
+    let mut client = etcd_client::Client::connect([etcd.endpoint.as_str()], Some(options)).await.unwrap();
+    let refused = timeout(BOUND, client.get("tls/", None)).await.expect("an answer in time").unwrap_err();
+    assert!(refused.to_string().contains("UnknownIssuer"), "{refused}");
+
+    let not_pem = certs.ca_file.with_file_name("server.pem.missing");
+    let e = tls_options(Some(&not_pem)).unwrap_err().to_string();
+    assert!(e.contains(&not_pem.display().to_string()) && e.contains("cannot read it"), "{e}");
 }

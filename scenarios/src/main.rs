@@ -94,9 +94,13 @@ struct ScenarioArgs {
     /// PostgreSQL, Redis or ZooKeeper (each built with its feature: `--features etcd`...).
     #[arg(long, value_enum, default_value_t = LockBackendArg::Demo)]
     lock_backend: LockBackendArg,
-    /// etcd client URLs, comma-separated (with `--lock-backend etcd`).
+    /// etcd client URLs, comma-separated (with `--lock-backend etcd`); `https://` ones over TLS.
     #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:2379")]
     etcd_endpoints: Vec<String>,
+    /// With `https://` etcd endpoints: the CA certificate(s) (PEM file) that signed etcd's
+    /// certificates. Without it, they are checked against the system's roots.
+    #[arg(long, value_name = "FILE")]
+    etcd_ca: Option<PathBuf>,
     /// PostgreSQL URL (with `--lock-backend postgres`); the lease tables are created if missing.
     #[arg(long, value_name = "URL", default_value = "postgres://postgres@127.0.0.1:5432/postgres")]
     postgres_url: String,
@@ -107,9 +111,19 @@ struct ScenarioArgs {
     /// Use a Redis that would lose its token counter in a crash (tokens could then repeat).
     #[arg(long)]
     redis_accept_volatile_counter: bool,
+    /// With a `rediss://` URL (Redis over TLS): the CA certificate(s) (PEM file) that signed
+    /// Redis's certificate. Without it, the system's roots (`rediss://HOST:PORT/#insecure`
+    /// checks no certificate: for tests only).
+    #[arg(long, value_name = "FILE")]
+    redis_ca: Option<PathBuf>,
     /// ZooKeeper ensemble, `HOST:PORT[,HOST:PORT…]` (with `--lock-backend zookeeper`).
     #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:2181")]
     zookeeper: String,
+    /// Reach the ZooKeeper servers over TLS (give their secure client ports), checking their
+    /// certificates with the CA certificate(s) in this PEM file. Needs scenarios built with
+    /// `--features zookeeper-tls`.
+    #[arg(long, value_name = "FILE")]
+    zookeeper_ca: Option<PathBuf>,
     /// Also draw the three rounds on one time axis, as an SVG picture written to FILE.
     #[arg(long, value_name = "FILE.svg")]
     timeline: Option<PathBuf>,
@@ -179,13 +193,18 @@ async fn run_scenario(args: ScenarioArgs) -> ExitCode {
     }
     let source = match args.lock_backend {
         LockBackendArg::Demo => scenario::TokenSource::DemoLockService,
-        LockBackendArg::Etcd => scenario::TokenSource::Etcd { endpoints: args.etcd_endpoints },
+        LockBackendArg::Etcd => {
+            scenario::TokenSource::Etcd { endpoints: args.etcd_endpoints, ca_file: args.etcd_ca }
+        }
         LockBackendArg::Postgres => scenario::TokenSource::Postgres { url: args.postgres_url },
         LockBackendArg::Redis => scenario::TokenSource::Redis {
             url: args.redis_url,
             accept_volatile_counter: args.redis_accept_volatile_counter,
+            ca_file: args.redis_ca,
         },
-        LockBackendArg::Zookeeper => scenario::TokenSource::ZooKeeper { cluster: args.zookeeper },
+        LockBackendArg::Zookeeper => {
+            scenario::TokenSource::ZooKeeper { cluster: args.zookeeper, ca_file: args.zookeeper_ca }
+        }
     };
     let run = scenario::run_with(source).await.map(|r| (r.to_string(), r.timeline(), r.problems()));
     conclude("scenario", run, args.timeline.as_deref(), "expected that")

@@ -27,6 +27,9 @@ mod record;
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper-tls"))]
+use std::path::Path;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use demo_lock_service::LockService;
@@ -38,6 +41,8 @@ use fencing_client::PgLockClient;
 use fencing_client::RedisLockClient;
 #[cfg(feature = "zookeeper")]
 use fencing_client::ZkLockClient;
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper-tls"))]
+use fencing_client::tls::ClientTls;
 use fencing_client::{
     DemoLockClient, Grant, Lease, LockBackend, LockBackendExt, LockError, backend::LockStatus,
     header::fence_reqwest,
@@ -191,8 +196,11 @@ pub enum TokenSource {
     /// whole-second leases of at least its minimum TTL (2 s by default), so A's 200 ms
     /// lease lasts about 2 s there and the runs take a few seconds longer.
     Etcd {
-        /// etcd client URLs.
+        /// etcd client URLs (`https://` over TLS).
         endpoints: Vec<String>,
+        /// With `https://` endpoints: the PEM file of the CA that signed etcd's
+        /// certificates; `None` trusts the system's roots.
+        ca_file: Option<PathBuf>,
     },
     /// PostgreSQL at `url`: leases in `fencing_leases` (created if missing), a token from
     /// the counter row `fencing_leases_token`, expiry on the database's clock.
@@ -203,10 +211,13 @@ pub enum TokenSource {
     /// Redis at `url`: a token is `INCR` of the lock's counter key. Refused unless the
     /// server has `appendonly yes` and `appendfsync always`, or `accept_volatile_counter`.
     Redis {
-        /// `redis://host:port`.
+        /// `redis://host:port` (`rediss://` over TLS).
         url: String,
         /// Run against a Redis that would lose its counter in a crash.
         accept_volatile_counter: bool,
+        /// With a `rediss://` URL: the PEM file of the CA that signed Redis's
+        /// certificate; `None` trusts the system's roots.
+        ca_file: Option<PathBuf>,
     },
     /// A ZooKeeper ensemble at `cluster` (`host:port,…`): a lock is an ephemeral znode
     /// under `/fencing/locks`, a token its czxid. A's 200 ms TTL becomes the server's
@@ -214,6 +225,9 @@ pub enum TokenSource {
     ZooKeeper {
         /// `host:port[,host:port…]`.
         cluster: String,
+        /// Over TLS (the servers' secure client ports), checking their certificates with
+        /// the CA in this PEM file. Needs feature `zookeeper-tls`.
+        ca_file: Option<PathBuf>,
     },
 }
 
@@ -336,9 +350,12 @@ pub async fn run_with(source: TokenSource) -> Result<Report, Failure> {
             (Locks::Demo(client), Some(running), Some(verify_key))
         }
         #[cfg(feature = "etcd")]
-        TokenSource::Etcd { endpoints } => {
-            let client = EtcdLockClient::connect(&endpoints).await.map_err(|e| fail("etcd client", e))?;
-            (Locks::Etcd(Box::new(client)), None, None)
+        TokenSource::Etcd { endpoints, ca_file } => {
+            let client = match ca_file {
+                Some(ca_file) => EtcdLockClient::connect_tls(&endpoints, &client_tls(&ca_file)?).await,
+                None => EtcdLockClient::connect(&endpoints).await,
+            };
+            (Locks::Etcd(Box::new(client.map_err(|e| fail("etcd client", e))?)), None, None)
         }
         #[cfg(feature = "postgres")]
         TokenSource::Postgres { url } => {
@@ -347,16 +364,30 @@ pub async fn run_with(source: TokenSource) -> Result<Report, Failure> {
             (Locks::Postgres(client), None, None)
         }
         #[cfg(feature = "redis")]
-        TokenSource::Redis { url, accept_volatile_counter } => {
+        TokenSource::Redis { url, accept_volatile_counter, ca_file } => {
             let builder = RedisLockClient::builder(url).accept_volatile_counter(accept_volatile_counter);
-            let context = "Redis lock client (the CLI's --redis-accept-volatile-counter accepts the risk)";
-            (Locks::Redis(builder.connect().await.map_err(|e| fail(context, e))?), None, None)
+            let builder = match ca_file {
+                Some(ca_file) => builder.tls(client_tls(&ca_file)?),
+                None => builder,
+            };
+            let client = builder.connect().await.map_err(|e| match e {
+                LockError::NotDurable(_) => {
+                    fail("Redis lock client (the CLI's --redis-accept-volatile-counter accepts the risk)", e)
+                }
+                e => fail("Redis lock client", e),
+            })?;
+            (Locks::Redis(client), None, None)
         }
         #[cfg(feature = "zookeeper")]
-        TokenSource::ZooKeeper { cluster } => {
-            let client =
-                ZkLockClient::connect(&cluster).await.map_err(|e| fail("ZooKeeper lock client", e))?;
-            (Locks::ZooKeeper(Box::new(client)), None, None)
+        TokenSource::ZooKeeper { cluster, ca_file } => {
+            let client = match ca_file {
+                #[cfg(feature = "zookeeper-tls")]
+                Some(ca_file) => ZkLockClient::connect_tls(&cluster, &client_tls(&ca_file)?).await,
+                #[cfg(not(feature = "zookeeper-tls"))]
+                Some(_) => return Err(not_built("zookeeper-tls")),
+                None => ZkLockClient::connect(&cluster).await,
+            };
+            (Locks::ZooKeeper(Box::new(client.map_err(|e| fail("ZooKeeper lock client", e))?)), None, None)
         }
         #[cfg(not(feature = "etcd"))]
         TokenSource::Etcd { .. } => return Err(not_built("etcd")),
@@ -396,8 +427,14 @@ pub async fn run_with(source: TokenSource) -> Result<Report, Failure> {
     Ok(Report { without_fencing, with_fencing, in_flight, b_arrived_while_a_inside, history })
 }
 
-/// Why a run with a lock backend this build lacks fails at once.
-#[cfg(not(all(feature = "etcd", feature = "postgres", feature = "redis", feature = "zookeeper")))]
+/// TLS to a lock backend, trusting the CA in the PEM file `ca_file`.
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper-tls"))]
+fn client_tls(ca_file: &Path) -> Result<ClientTls, Failure> {
+    ClientTls::new().ca_file(ca_file).map_err(|e| fail("TLS to the lock backend", e))
+}
+
+/// Why a run with a lock backend (or ZooKeeper's TLS) this build lacks fails at once.
+#[cfg(not(all(feature = "etcd", feature = "postgres", feature = "redis", feature = "zookeeper-tls")))]
 fn not_built(feature: &str) -> Failure {
     Failure(format!(
         "this lock backend needs scenarios built with feature `{feature}` \

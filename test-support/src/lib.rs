@@ -6,14 +6,16 @@
 //! throwaway servers (Redis, etcd, ZooKeeper) on ephemeral loopback ports, an
 //! etcd cluster whose members can be killed, frozen and partitioned ([`EtcdCluster`]), a
 //! throwaway database on the shared PostgreSQL and a PostgreSQL server of the
-//! test's own (`TestDb`, `OwnPg`: feature `postgres`; one that accepts only
-//! TLS, with certificates made at run time: `OwnPg::start_tls`, `TestCerts`:
-//! feature `tls`), TCP proxies that can stop answering ([`Proxy`]) or stall
-//! and sever ([`StallProxy`]), the workspace's own server binaries as child
-//! processes ([`ChildServer`]), Prometheus's tools ([`prometheus_tool`],
-//! [`promtool`]), and the token parser's oracle ([`canonical_token`]). With
-//! feature `replicas`: replicas of a fenced resource (module `replicas`) and
-//! the conformance suite every shared store runs (module `shared_store_suite`).
+//! test's own (`TestDb`, `OwnPg`: feature `postgres`), TCP proxies that can stop
+//! answering ([`Proxy`]) or stall and sever ([`StallProxy`]), the workspace's
+//! own server binaries as child processes ([`ChildServer`]), Prometheus's
+//! tools ([`prometheus_tool`], [`promtool`]), and the token parser's oracle
+//! ([`canonical_token`]). With feature `replicas`: replicas of a fenced
+//! resource (module `replicas`) and the conformance suite every shared store
+//! runs (module `shared_store_suite`). With feature `tls`: certificates made at
+//! run time (`TestCerts`) and the servers that serve TLS with them
+//! (`Etcd::start_tls`, `Redis::start_tls`, `ZooKeeper::start_tls`; with
+//! `postgres` too, `OwnPg::start_tls`: a PostgreSQL that accepts only TLS).
 //!
 //! A dev-dependency only (`publish = false`). Every server lives in a temporary
 //! directory, listens on 127.0.0.1 only, and is killed (SIGKILL) when its handle

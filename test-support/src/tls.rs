@@ -1,13 +1,13 @@
-//! Certificates for the TLS tests, made at run time (rcgen): a CA, a server certificate it
-//! signed, and an unrelated CA that signed nothing here.
+//! Certificates for the TLS tests, made at run time (rcgen): a CA, a server certificate and a
+//! client certificate it signed, and an unrelated CA that signed nothing here.
 
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 
-/// A CA and a server certificate it signed, for the names given; the CAs' certificates in PEM
-/// files that anyone may read (what `sslrootcert` names), removed on drop.
+/// A CA, and a server certificate it signed for the names given; the CAs' certificates in PEM
+/// files that anyone may read (what a client's CA option names), removed on drop.
 pub struct TestCerts {
     /// The CA's certificate (PEM file): the one that signed the server's.
     pub ca_file: PathBuf,
@@ -17,29 +17,50 @@ pub struct TestCerts {
     pub server_cert: String,
     /// The server's private key (PEM, PKCS #8, ECDSA P-256).
     pub server_key: String,
-    /// Where the CA files are.
+    /// A client certificate the CA signed (PEM file), for mutual TLS.
+    pub client_cert_file: PathBuf,
+    /// The client certificate's private key (PEM file, PKCS #8).
+    pub client_key_file: PathBuf,
+    /// Where the files are.
     _dir: tempfile::TempDir,
 }
 
 impl TestCerts {
     /// A fresh CA, a server certificate it signs for `names` (IP addresses become IP address
-    /// names, anything else DNS names), and another CA.
+    /// names, anything else DNS names), a client certificate it signs, and another CA.
     pub fn new(names: &[&str]) -> TestCerts {
         let (ca_pem, issuer) = ca("fencing test CA");
         let (other_ca_pem, _) = ca("fencing test CA (another)");
-        let key = KeyPair::generate().unwrap();
         let names: Vec<String> = names.iter().map(|name| (*name).to_owned()).collect();
-        let mut params = CertificateParams::new(names.clone()).expect("valid names");
-        params.distinguished_name.push(DnType::CommonName, names.first().map_or("server", String::as_str));
-        let server_cert = params.signed_by(&key, &issuer).unwrap().pem();
+        let common_name = names.first().map_or("server", String::as_str).to_owned();
+        let (server_cert, server_key) = leaf(names, &common_name, &issuer);
+        let (client_cert, client_key) = leaf(Vec::new(), "fencing test client", &issuer);
         let dir = tempfile::Builder::new().prefix("fencing-test-certs-").tempdir().unwrap();
         // The files must be readable by a server or a client run as another user.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
-        let ca_file = dir.path().join("ca.pem");
-        let other_ca_file = dir.path().join("other-ca.pem");
-        std::fs::write(&ca_file, ca_pem).unwrap();
-        std::fs::write(&other_ca_file, other_ca_pem).unwrap();
-        TestCerts { ca_file, other_ca_file, server_cert, server_key: key.serialize_pem(), _dir: dir }
+        let write = |name: &str, pem: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        TestCerts {
+            ca_file: write("ca.pem", &ca_pem),
+            other_ca_file: write("other-ca.pem", &other_ca_pem),
+            client_cert_file: write("client.pem", &client_cert),
+            client_key_file: write("client.key", &client_key),
+            server_cert,
+            server_key,
+            _dir: dir,
+        }
+    }
+
+    /// The server's certificate and key as the PEM files `server.pem` and `server.key` in
+    /// `dir` (a server's own directory): their paths.
+    pub fn write_server_files(&self, dir: &Path) -> (PathBuf, PathBuf) {
+        let (cert, key) = (dir.join("server.pem"), dir.join("server.key"));
+        std::fs::write(&cert, &self.server_cert).unwrap();
+        std::fs::write(&key, &self.server_key).unwrap();
+        (cert, key)
     }
 }
 
@@ -53,4 +74,12 @@ fn ca(name: &str) -> (String, Issuer<'static, KeyPair>) {
         vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     let pem = params.self_signed(&key).unwrap().pem();
     (pem, Issuer::new(params, key))
+}
+
+/// A certificate `issuer` signs for `names`, named `common_name`: it and its key (PEM).
+fn leaf(names: Vec<String>, common_name: &str, issuer: &Issuer<'static, KeyPair>) -> (String, String) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(names).expect("valid names");
+    params.distinguished_name.push(DnType::CommonName, common_name);
+    (params.signed_by(&key, issuer).unwrap().pem(), key.serialize_pem())
 }

@@ -18,6 +18,8 @@ pub struct ZooKeeper {
     classpath: String,
     dir: tempfile::TempDir,
     port: u16,
+    /// With `ZooKeeper::start_tls` (feature `tls`): the TLS port, and the zoo.cfg lines of its certificates.
+    secure: Option<(u16, String)>,
     child: Option<Child>,
 }
 
@@ -30,6 +32,34 @@ impl Drop for ZooKeeper {
 impl ZooKeeper {
     /// Starts ZooKeeper and waits until it serves.
     pub async fn start() -> Option<ZooKeeper> {
+        Self::launch(|_| None).await
+    }
+
+    /// Starts a ZooKeeper that also serves TLS, on a secure client port of its own
+    /// ([`tls_cluster`](Self::tls_cluster)), with `certs`' server certificate (a PEM key
+    /// store, which ZooKeeper reads since 3.5.5), asking clients for none; its plain port
+    /// stays open, for its readiness. The TLS port needs Netty (`NettyServerCnxnFactory`),
+    /// which Debian's jar names in its manifest, but for its codec (`netty-codec.jar`, put on
+    /// the class path from the jar's folder).
+    #[cfg(feature = "tls")]
+    pub async fn start_tls(certs: &crate::TestCerts) -> Option<ZooKeeper> {
+        Self::launch(|dir| {
+            let store = dir.join("keystore.pem");
+            std::fs::write(&store, format!("{}{}", certs.server_key, certs.server_cert)).unwrap();
+            Some(format!(
+                "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                 ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+                 ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth=none\n",
+                store.display(),
+                certs.ca_file.display()
+            ))
+        })
+        .await
+    }
+
+    /// Starts ZooKeeper; `secure` writes what TLS needs into its directory and says the zoo.cfg
+    /// lines that name it (none: no TLS port).
+    async fn launch(secure: impl FnOnce(&Path) -> Option<String>) -> Option<ZooKeeper> {
         let java = binary_or_skip("JAVA_BIN", "java", "java not installed (ZooKeeper needs a JRE)")?;
         let jar = std::env::var_os("ZOOKEEPER_JAR")
             .map(PathBuf::from)
@@ -41,14 +71,23 @@ impl ZooKeeper {
             ));
         }
         // The jar's manifest names its dependencies; slf4j-nop, if there, silences logging.
+        // Netty's codec is missing from Debian's manifest, and Netty's handlers (the TLS
+        // port's) need it: the same package (libnetty-java) has it beside the others.
         let mut classpath = jar.display().to_string();
-        let nop = jar.with_file_name("slf4j-nop.jar");
-        if nop.is_file() {
-            classpath = format!("{classpath}:{}", nop.display());
+        for extra in ["slf4j-nop.jar", "netty-codec.jar"] {
+            let extra = jar.with_file_name(extra);
+            if extra.is_file() {
+                classpath = format!("{classpath}:{}", extra.display());
+            }
         }
-        let mut zk = ZooKeeper { java, classpath, dir: tempfile::tempdir().unwrap(), port: 0, child: None };
+        let dir = tempfile::tempdir().unwrap();
+        let secure = secure(dir.path()).map(|lines| (0, lines));
+        let mut zk = ZooKeeper { java, classpath, dir, port: 0, secure, child: None };
         for _ in 0..3 {
             zk.port = crate::free_port();
+            if let Some((port, _)) = &mut zk.secure {
+                *port = crate::free_port();
+            }
             if zk.run().await {
                 return Some(zk);
             }
@@ -62,6 +101,13 @@ impl ZooKeeper {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// The TLS connect string, `tcp+tls://127.0.0.1:{port}` (from [`ZooKeeper::start_tls`]).
+    #[cfg(feature = "tls")]
+    pub fn tls_cluster(&self) -> String {
+        let (port, _) = self.secure.as_ref().expect("a ZooKeeper started with start_tls");
+        format!("tcp+tls://127.0.0.1:{port}")
+    }
+
     /// The server's directory (its config, log and `data/`).
     pub fn data_dir(&self) -> &Path {
         self.dir.path()
@@ -71,12 +117,15 @@ impl ZooKeeper {
     /// it serves; false if it exited or never did.
     pub async fn run(&mut self) -> bool {
         let dir = self.dir.path();
-        let cfg = format!(
+        let mut cfg = format!(
             "tickTime=100\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
              maxSessionTimeout=60000\nadmin.enableServer=false\n4lw.commands.whitelist=srvr\n",
             dir.join("data").display(),
             self.port
         );
+        if let Some((port, lines)) = &self.secure {
+            cfg += &format!("secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n{lines}");
+        }
         std::fs::write(dir.join("zoo.cfg"), cfg).unwrap();
         let log = std::fs::File::create(dir.join("zk.log")).unwrap();
         let child = Command::new(&self.java)

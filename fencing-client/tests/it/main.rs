@@ -27,5 +27,7 @@ mod keeper;
 mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(any(feature = "etcd", feature = "redis", feature = "zookeeper-tls"))]
+mod tls;
 #[cfg(feature = "zookeeper")]
 mod zookeeper;

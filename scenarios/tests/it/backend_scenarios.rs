@@ -38,7 +38,7 @@ async fn scenario_with_postgres_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_with_redis_tokens() {
     let Some(redis) = Redis::start().await else { return };
-    let source = TokenSource::Redis { url: redis.url(), accept_volatile_counter: false };
+    let source = TokenSource::Redis { url: redis.url(), accept_volatile_counter: false, ca_file: None };
     check(&scenario_within(Duration::from_secs(30), scenario::run_with(source)).await);
 }
 
@@ -46,6 +46,6 @@ async fn scenario_with_redis_tokens() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenario_with_zookeeper_tokens() {
     let Some(zookeeper) = ZooKeeper::start().await else { return };
-    let source = TokenSource::ZooKeeper { cluster: zookeeper.cluster() };
+    let source = TokenSource::ZooKeeper { cluster: zookeeper.cluster(), ca_file: None };
     check(&scenario_within(Duration::from_secs(60), scenario::run_with(source)).await);
 }

@@ -18,7 +18,7 @@ use crate::scenario::assert_prints_the_three_outcomes;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scenario_with_etcd_tokens_has_the_expected_outcomes() {
     let Some(etcd) = Etcd::start().await else { return };
-    let source = TokenSource::Etcd { endpoints: vec![etcd.endpoint.clone()] };
+    let source = TokenSource::Etcd { endpoints: vec![etcd.endpoint.clone()], ca_file: None };
     let report = scenario_within(Duration::from_secs(60), scenario::run_with(source)).await;
 
     let (off, on, flight) = (&report.without_fencing, &report.with_fencing, &report.in_flight);

@@ -247,7 +247,7 @@ impl PgClaims {
     async fn open(self) -> Result<ClaimSession, StoreError> {
         let (renewals_up, renewals_gone) = oneshot::channel::<()>();
         let channel = self.fence.claims_sql().channel.clone();
-        let payload = format!("p {:x}", fastrand_nonce());
+        let payload = format!("p {:x}", crate::pooling::nonce());
         let (echo, echoed) = hints::Echo::new(payload.clone());
         let hints = hints::listen(self.config.clone(), channel.clone(), renewals_gone, echo);
         let renewals = async {
@@ -410,16 +410,6 @@ fn bounds() -> String {
         "SET LOCAL lock_timeout = '{LOCK_TIMEOUT}'; \
          SET LOCAL idle_in_transaction_session_timeout = '{IDLE_IN_TRANSACTION}'"
     )
-}
-
-/// A test notification's payload, unlike any other session's.
-fn fastrand_nonce() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
-    );
-    hasher.finish()
 }
 
 /// Errors that mean "someone else holds it right now".

@@ -143,11 +143,10 @@ where
         Pooling::Session => session_keeps(client, other, bounds).await,
         Pooling::Transaction => transaction_keeps(client, bounds).await,
     };
-    // Another connection may have decided meanwhile: the first verdict stands.
-    match (verdict.0.set(decided.clone()), decided) {
-        (_, Err(refused)) => Err(refused),
-        (_, Ok(())) => verdict.0.get().cloned().unwrap_or(Ok(())),
-    }
+    // Another connection may have decided meanwhile: the first verdict stands
+    // for the connections after; this one goes by its own.
+    let _ = verdict.0.set(decided.clone());
+    decided
 }
 
 /// The marker a session-mode probe sets, a placeholder setting any role may set.
@@ -157,7 +156,7 @@ async fn session_keeps<F>(client: &Client, other: impl FnOnce() -> F, bounds: Bo
 where
     F: Future<Output = Result<Client, tokio_postgres::Error>>,
 {
-    let nonce = format!("{:x}", std::process::id() as u64 ^ nanos());
+    let nonce = format!("{:x}", nonce());
     let set = format!("{}; SET {MARKER} = '{nonce}'", bounds.sql(false));
     client.batch_execute(&set).await.map_err(|e| crate::error::describe(&e))?;
     // A second client, as another replica would be: does it land on the session just set?
@@ -226,6 +225,12 @@ async fn read(client: &Client, expression: &str) -> Result<Option<String>, Strin
     Ok(value)
 }
 
-fn nanos() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64)
+/// A value unlike any other process's or call's: a marker or a test notification.
+pub(crate) fn nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }

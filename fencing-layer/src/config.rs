@@ -92,6 +92,12 @@ pub(crate) struct Config {
     pub(crate) token_extension: bool,
     /// `{namespace}:` before every key, when set ([`FencingLayer::key_namespace`](crate::FencingLayer::key_namespace)).
     pub(crate) namespace: Option<Arc<str>>,
+    /// Put each admitted request's place into its extensions instead of keeping it
+    /// ([`FencingLayer::hand_over_places`](crate::FencingLayer::hand_over_places)).
+    pub(crate) hand_over: bool,
+    /// The cancel policy or `hand_over`: admission goes through [`Kind::enter`](crate::future),
+    /// kept as one flag so that the fast path tests one byte for both.
+    pub(crate) slow_entry: bool,
 }
 
 /// The [`FencingLayer::unfenced_if`](crate::FencingLayer::unfenced_if) predicate: shared, and debug-printable.
@@ -170,8 +176,15 @@ impl Config {
         }
     }
 
-    /// Whether admitted requests watch for a higher token (the cancel policy).
-    pub(crate) fn watches_in_flight(&self) -> bool {
-        self.policy == InFlightPolicy::Cancel
+    /// Whether an admitted request leaves the fast path: to be watched for a
+    /// higher token (the cancel policy), or to carry its place in its extensions.
+    #[inline(always)]
+    pub(crate) fn enters_slowly(&self) -> bool {
+        self.slow_entry
+    }
+
+    /// Sets [`slow_entry`](Self::slow_entry) from what it stands for; after every change.
+    pub(crate) fn settle(&mut self) {
+        self.slow_entry = self.hand_over || self.policy == InFlightPolicy::Cancel;
     }
 }

@@ -56,6 +56,8 @@ impl FencingLayer {
             unfenced_if: None,
             metrics: Metrics::new(),
             namespace: None,
+            hand_over: false,
+            slow_entry: false,
         };
         Self::from_parts(PathKey, ProblemJson, config)
     }
@@ -85,6 +87,7 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     fn with(self, change: impl FnOnce(&mut Config)) -> Self {
         let mut settings = Arc::unwrap_or_clone(self.settings);
         change(&mut settings.config);
+        settings.config.settle();
         Self { settings: Arc::new(settings) }
     }
 
@@ -153,6 +156,21 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
     /// What to do about lower-token requests in flight when a higher token arrives.
     pub fn in_flight_policy(self, policy: InFlightPolicy) -> Self {
         self.with(|s| s.policy = policy)
+    }
+
+    /// Whether the layer hands each admitted request's place inside to the
+    /// inner service, in the request's extensions as a
+    /// [`HeldPlace`](crate::future::HeldPlace), instead of keeping it until the
+    /// response future is done (default `false`). The request then counts as
+    /// inside until every clone of that place is dropped: for work that
+    /// outlives the response future, such as a proxy's upstream exchange that
+    /// must run to its end after the client has gone (`fencing-gate` does
+    /// this). The inner service answers for the place: dropping it early lets
+    /// a higher token in while the work goes on. The cancel policy does not
+    /// apply to handed-over places, and a shared store's revocation is the
+    /// holder's to act on ([`HeldPlace::revoked`](crate::future::HeldPlace::revoked)).
+    pub fn hand_over_places(self, hand_over: bool) -> Self {
+        self.with(|s| s.hand_over = hand_over)
     }
 
     /// Keeps marks in `store` (default: a fresh in-memory store per layer).
@@ -317,6 +335,7 @@ impl<E, R> fmt::Debug for FencingLayer<E, R> {
             .field("unfenced_methods", &s.unfenced_methods)
             .field("allow_unfenced", &s.allow_unfenced)
             .field("token_extension", &s.token_extension)
+            .field("hand_over", &s.hand_over)
             .field("drain_timeout", &s.drain_timeout)
             .field("policy", &s.policy)
             .field("store", &s.store)

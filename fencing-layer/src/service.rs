@@ -11,7 +11,6 @@ use tower_service::Service;
 
 use crate::config::{Config, Settings};
 use crate::future::{Place, ResponseFuture};
-use crate::grpc::is_grpc;
 use crate::key::{KeyExtractor, PathKey};
 use crate::rejection::Rejection;
 use crate::respond::{ProblemJson, RejectionResponder};
@@ -114,7 +113,9 @@ where
         if let Some(store) = &config.shared_store {
             return match store.0.try_admit(&key, token.get()) {
                 // Decided in memory: under this replica's claim, or below a mark it knows.
-                Some(Ok(permit)) => shared_inside(&mut self.inner, settings, request, permit, token),
+                Some(Ok(permit)) => {
+                    ResponseFuture::shared_inside(&mut self.inner, request, permit, token, settings)
+                }
                 decided => {
                     let key = key.into_owned();
                     shared_slow(&mut self.inner, settings, decided, request, token, key)
@@ -168,26 +169,6 @@ impl<S: tonic::server::NamedService, E, R> tonic::server::NamedService for Fenci
     const NAME: &'static str = S::NAME;
 }
 
-/// A request a shared store admitted in memory: into the inner service.
-#[inline(always)]
-fn shared_inside<S, E, R, ReqBody, ResBody>(
-    inner: &mut S,
-    settings: &Arc<Settings<E, R>>,
-    mut request: Request<ReqBody>,
-    permit: SharedPermit,
-    token: FencingToken,
-) -> ResponseFuture<S, ReqBody, E, R>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    R: RejectionResponder<ResBody>,
-{
-    settings.config.insert_token_extension(&mut request, token);
-    let grpc = is_grpc(request.headers());
-    // No key kept: a claim's permit knows its key, for the rare 503.
-    let future = inner.call(request);
-    ResponseFuture::shared_inside(future, permit, None, token, grpc, settings)
-}
-
 /// A request a shared store refused in memory, or must decide with its database.
 fn shared_slow<S, E, R, ReqBody, ResBody>(
     inner: &mut S,
@@ -223,7 +204,7 @@ fn key_to_watch(config: &Config, key: Cow<'_, str>, token: FencingToken) -> Opti
     if tracing::level_enabled!(tracing::Level::DEBUG) {
         log_admitted(&key, token);
     }
-    config.watches_in_flight().then(|| key.into_owned())
+    config.enters_slowly().then(|| key.into_owned())
 }
 
 #[cold]

@@ -207,6 +207,6 @@ where
 {
     let Pending { mut inner, request, token, key, settings, .. } = pending;
     tracing::debug!(key = ?key, token = token.get(), "fenced request admitted after waiting");
-    let key = settings.config.watches_in_flight().then_some(key);
+    let key = settings.config.enters_slowly().then_some(key);
     Kind::enter(&mut inner, request, token, key, guard, &settings)
 }

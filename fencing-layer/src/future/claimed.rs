@@ -17,7 +17,6 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::config::Settings;
-use crate::grpc::is_grpc;
 use crate::metrics::InsideCount;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
@@ -159,13 +158,10 @@ where
             }
             Poll::Ready(Ok(permit)) => {
                 let Some(pending) = waiting.pending.take() else { unreachable!("checked above") };
-                let Pending { mut inner, mut request, token, key, settings, .. } = pending;
+                let Pending { mut inner, request, token, key, settings, .. } = pending;
                 tracing::debug!(key = ?key, token = token.get(), "fenced request admitted by the shared store");
                 settings.config.metrics.shared_admission(permit.raised(), permit.drained());
-                settings.config.insert_token_extension(&mut request, token);
-                let grpc = is_grpc(request.headers());
-                let future = inner.call(request);
-                let next = Kind::shared_inside(future, permit, Some(key), token, grpc, &settings);
+                let next = Kind::shared_inside(&mut inner, request, permit, Some(key), token, &settings);
                 return Poll::Ready(Step::Next(next));
             }
             Poll::Ready(Err(refusal)) => {

@@ -36,8 +36,11 @@
 mod admitting;
 mod claimed;
 mod deadline;
+mod held;
 mod pending;
 mod watched;
+
+pub use self::held::HeldPlace;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -218,14 +221,14 @@ where
     /// A request a shared store admitted in memory (`try_admit`).
     #[inline]
     pub(crate) fn shared_inside(
-        future: S::Future,
+        inner: &mut S,
+        request: Request<B>,
         permit: SharedPermit,
-        key: Option<String>,
         token: FencingToken,
-        grpc: bool,
         settings: &Arc<Settings<E, R>>,
     ) -> Self {
-        Self::from(Kind::shared_inside(future, permit, key, token, grpc, settings))
+        // No key kept: a claim's permit knows its key, for the rare 503.
+        Self::from(Kind::shared_inside(inner, request, permit, None, token, settings))
     }
 
     /// A request a shared store refused in memory (`try_admit`).
@@ -258,7 +261,7 @@ where
     R: RejectionResponder<ResBody>,
 {
     /// Calls `inner` with a request that [`Admission::Enter`] let in. `key` is
-    /// given when the cancel policy is on.
+    /// given when the cancel policy is on or places are handed over.
     fn enter(
         inner: &mut S,
         mut request: Request<B>,
@@ -267,23 +270,38 @@ where
         guard: InsideGuard,
         settings: &Arc<Settings<E, R>>,
     ) -> Self {
-        settings.config.insert_token_extension(&mut request, token);
+        let config = &settings.config;
+        config.insert_token_extension(&mut request, token);
         match key {
-            None => {
-                Self::Inside { future: inner.call(request), place: Some(Place::new(guard, &settings.config)) }
+            None => Self::Inside { future: inner.call(request), place: Some(Place::new(guard, config)) },
+            Some(_) if config.hand_over => {
+                let held = HeldPlace::local(Place::new(guard, config), token);
+                request.extensions_mut().insert(held);
+                Self::Inside { future: inner.call(request), place: None }
             }
             Some(key) => watched::enter(inner, request, token, key, guard, settings),
         }
     }
 
+    /// Calls `inner` with a request a shared store admitted, holding `permit`
+    /// while its future runs, or handing it over in the request.
+    #[inline]
     fn shared_inside(
-        future: S::Future,
+        inner: &mut S,
+        mut request: Request<B>,
         permit: SharedPermit,
         key: Option<String>,
         token: FencingToken,
-        grpc: bool,
         settings: &Arc<Settings<E, R>>,
     ) -> Self {
+        let config = &settings.config;
+        config.insert_token_extension(&mut request, token);
+        if config.hand_over {
+            request.extensions_mut().insert(HeldPlace::shared(permit, token, config));
+            return Self::Inside { future: inner.call(request), place: None };
+        }
+        let grpc = is_grpc(request.headers());
+        let future = inner.call(request);
         let place = SharedPlace::new(permit, key, token, grpc, settings);
         Self::SharedInside { future, place: Box::new(place) }
     }

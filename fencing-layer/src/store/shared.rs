@@ -158,11 +158,15 @@ impl SharedPermit {
     /// handler that never yielded while its claim lapsed finishes anyway; its
     /// answer is then 503, never a success.
     pub(crate) fn still_held(&mut self, cx: &mut Context<'_>) -> bool {
-        self.poll_revoked(cx).is_pending()
-            && match &self.place {
-                Place::Claim(entered) => entered.held(),
-                _ => true,
-            }
+        self.poll_revoked(cx).is_pending() && self.claim_held()
+    }
+
+    /// Whether a claim's place is still within its deadline (any other place is).
+    pub(crate) fn claim_held(&self) -> bool {
+        match &self.place {
+            Place::Claim(entered) => entered.held(),
+            _ => true,
+        }
     }
 
     /// Ready once the request must be stopped; pending for as long as it may run.

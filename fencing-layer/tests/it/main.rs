@@ -21,6 +21,7 @@ mod contract;
 mod durable;
 mod durable_liveness;
 mod grpc;
+mod hand_over;
 mod integrating;
 mod keys;
 #[cfg(feature = "metrics")]

@@ -1,0 +1,241 @@
+//! What the gate changes in a request on its way to the upstream and in a
+//! response on its way back, and what it refuses before anything is fenced.
+//!
+//! As RFC 9110 §7.6 asks of a proxy, and as nginx and Pingora do:
+//! - hop-by-hop fields (`Connection`, `Keep-Alive`, `Proxy-Connection`, `TE`,
+//!   `Transfer-Encoding`, `Upgrade`) and every field `Connection` names are
+//!   removed both ways; the body's framing is the gate's own on each side;
+//! - `X-Forwarded-For`, `X-Forwarded-Proto` and `Forwarded` are kept only from
+//!   trusted hops, and the peer is appended;
+//! - `Expect` is answered by the gate (hyper sends `100 Continue` when the
+//!   body is first read, which is after the upstream has been reached);
+//! - everything else passes untouched: `Fencing-Token`, `Fencing-Proof`,
+//!   conditional headers, `Host`.
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Uri, Version};
+use percent_encoding::percent_decode_str;
+
+use crate::config::{Cidr, Limits};
+use crate::problem::GateProblem;
+
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// Removes the hop-by-hop fields and those `Connection` names.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if let Some(named) = connection_names(headers) {
+        for name in named {
+            headers.remove(name);
+        }
+    }
+    for name in [
+        header::CONNECTION,
+        KEEP_ALIVE,
+        PROXY_CONNECTION,
+        header::TE,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+}
+
+/// The field names listed in `Connection`, if it has any.
+fn connection_names(headers: &HeaderMap) -> Option<Vec<HeaderName>> {
+    let mut values = headers.get_all(header::CONNECTION).iter().peekable();
+    values.peek()?;
+    let names = values
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    Some(names)
+}
+
+/// What the gate refuses before the layer sees a request.
+pub(crate) fn refusal<B>(request: &Request<B>, limits: &Limits) -> Option<(GateProblem, String)> {
+    let headers = request.headers();
+    if headers.len() > limits.max_header_count {
+        let detail =
+            format!("{} header fields; at most {} are taken", headers.len(), limits.max_header_count);
+        return Some((GateProblem::HeadersTooLarge, detail));
+    }
+    let bytes: usize = headers.iter().map(|(name, value)| name.as_str().len() + value.len()).sum();
+    if bytes > limits.max_header_bytes {
+        let detail = format!("{bytes} bytes of header fields; at most {} are taken", limits.max_header_bytes);
+        return Some((GateProblem::HeadersTooLarge, detail));
+    }
+    // hyper has refused any coding that does not end in `chunked`; a coding
+    // before it would be forwarded as plain bytes, its name lost.
+    for coding in headers.get_all(header::TRANSFER_ENCODING) {
+        if !coding.as_bytes().eq_ignore_ascii_case(b"chunked") {
+            let detail = format!("Transfer-Encoding {coding:?}: only chunked is forwarded");
+            return Some((GateProblem::UnsupportedTransferCoding, detail));
+        }
+    }
+    if let Err(why) = canonical_path(request.uri().path()) {
+        return Some((GateProblem::AmbiguousPath, why.into()));
+    }
+    None
+}
+
+/// Whether `path` means one thing to the gate and to any upstream: no `.` or
+/// `..` segments, no empty ones (`//`), no escaped `/` or `\`, escapes that
+/// decode to UTF-8. A stale holder could otherwise spell its path so that the
+/// gate keys it apart from the resource the upstream writes.
+pub(crate) fn canonical_path(path: &str) -> Result<(), &'static str> {
+    let decoded = decode_path(path).ok_or("the path does not percent-decode to UTF-8")?;
+    if decoded.len() != path.len() {
+        let lower = path.to_ascii_lowercase();
+        if lower.contains("%2f") || lower.contains("%5c") {
+            return Err("the path has an escaped `/` or `\\`");
+        }
+    }
+    let mut segments = decoded.split('/').skip(1).peekable();
+    while let Some(segment) = segments.next() {
+        let last = segments.peek().is_none();
+        if segment == "." || segment == ".." {
+            return Err("the path has a `.` or `..` segment");
+        }
+        if segment.is_empty() && !last {
+            return Err("the path has an empty segment (`//`)");
+        }
+        if segment.contains('\\') {
+            return Err("the path has a `\\`");
+        }
+    }
+    Ok(())
+}
+
+/// `path`, percent-decoded; `None` unless it decodes to UTF-8.
+pub(crate) fn decode_path(path: &str) -> Option<Cow<'_, str>> {
+    if !path.contains('%') {
+        return Some(Cow::Borrowed(path));
+    }
+    percent_decode_str(path).decode_utf8().ok()
+}
+
+/// Where requests go, and whose forwarding headers are believed.
+#[derive(Debug, Clone)]
+pub(crate) struct Forwarder {
+    upstream: Uri,
+    trusted: Vec<Cidr>,
+}
+
+impl Forwarder {
+    pub(crate) fn new(upstream: Uri, trusted: Vec<Cidr>) -> Self {
+        Self { upstream, trusted }
+    }
+
+    /// Turns a client's request into the upstream's.
+    pub(crate) fn rewrite<B>(&self, request: &mut Request<B>, peer: SocketAddr) {
+        let headers = request.headers_mut();
+        strip_hop_by_hop(headers);
+        headers.remove(header::EXPECT);
+        self.forwarded(headers, peer.ip());
+        // An HTTP/2 request names its host in the URI: HTTP/1.1 wants it in `Host`.
+        let authority = request.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+        if let (false, Some(host)) = (request.headers().contains_key(header::HOST), authority) {
+            request.headers_mut().insert(header::HOST, host);
+        }
+        let mut parts = self.upstream.clone().into_parts();
+        parts.path_and_query = request.uri().path_and_query().cloned();
+        if let Ok(uri) = Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+        *request.version_mut() = Version::HTTP_11;
+    }
+
+    fn forwarded(&self, headers: &mut HeaderMap, peer: IpAddr) {
+        let peer = peer.to_canonical();
+        if !self.trusted.iter().any(|block| block.contains(peer)) {
+            headers.remove(X_FORWARDED_FOR);
+            headers.remove(X_FORWARDED_PROTO);
+            headers.remove(header::FORWARDED);
+        }
+        let node = match peer {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => format!("\"[{v6}]\""),
+        };
+        append(headers, X_FORWARDED_FOR, &peer.to_string(), ", ");
+        append(headers, header::FORWARDED, &format!("for={node};proto=http"), ", ");
+        if !headers.contains_key(X_FORWARDED_PROTO) {
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+        }
+    }
+}
+
+/// Appends `value` to the one field `name`, joining what was there with `separator`.
+fn append(headers: &mut HeaderMap, name: HeaderName, value: &str, separator: &str) {
+    let mut joined = String::new();
+    for old in headers.get_all(&name) {
+        if let Ok(old) = old.to_str() {
+            joined.push_str(old);
+            joined.push_str(separator);
+        }
+    }
+    joined.push_str(value);
+    if let Ok(value) = HeaderValue::from_str(&joined) {
+        headers.insert(name, value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ambiguous_paths_are_refused() {
+        for path in ["/a/./b", "/a/../b", "/a//b", "/a/%2e%2E/b", "/a%2Fb", "/a%5cb", "/a\\b", "/%ff"] {
+            assert!(canonical_path(path).is_err(), "{path}");
+        }
+        for path in ["/", "/a", "/a/", "/a/b.txt", "/a/..b", "/%61"] {
+            assert!(canonical_path(path).is_ok(), "{path}");
+        }
+    }
+
+    #[test]
+    fn hop_by_hop_fields_and_those_connection_names_go() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONNECTION, HeaderValue::from_static("close, x-secret"));
+        headers.insert("x-secret", HeaderValue::from_static("1"));
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        headers.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        headers.insert("fencing-token", HeaderValue::from_static("7"));
+        headers.insert(header::IF_MATCH, HeaderValue::from_static("\"v1\""));
+        strip_hop_by_hop(&mut headers);
+        let left: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["fencing-token", "if-match"]);
+    }
+
+    #[test]
+    fn forwarding_headers_are_kept_only_from_trusted_hops() {
+        let forwarder =
+            Forwarder::new("http://127.0.0.1:1".parse().unwrap(), vec!["10.0.0.0/8".parse().unwrap()]);
+        let request = || {
+            Request::post("/x")
+                .header("x-forwarded-for", "6.6.6.6")
+                .header("forwarded", "for=6.6.6.6")
+                .body(())
+                .unwrap()
+        };
+        let mut from_anyone = request();
+        forwarder.rewrite(&mut from_anyone, "192.0.2.1:5000".parse().unwrap());
+        assert_eq!(from_anyone.headers()["x-forwarded-for"], "192.0.2.1");
+        assert_eq!(from_anyone.headers()["forwarded"], "for=192.0.2.1;proto=http");
+        let mut from_balancer = request();
+        forwarder.rewrite(&mut from_balancer, "10.1.2.3:5000".parse().unwrap());
+        assert_eq!(from_balancer.headers()["x-forwarded-for"], "6.6.6.6, 10.1.2.3");
+        assert_eq!(from_balancer.headers()["forwarded"], "for=6.6.6.6, for=10.1.2.3;proto=http");
+        assert_eq!(from_balancer.uri(), "http://127.0.0.1:1/x");
+        let mut v6 = request();
+        forwarder.rewrite(&mut v6, "[2001:db8::1]:5000".parse().unwrap());
+        assert_eq!(v6.headers()["forwarded"], "for=\"[2001:db8::1]\";proto=http");
+    }
+}

@@ -1,0 +1,121 @@
+//! `fencing-gate`: the command line.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::Parser;
+use fencing_gate::{Gate, GateConfig};
+use http::Uri;
+
+/// A reverse proxy that makes any HTTP service a fenced resource: requests whose
+/// fencing token is lower than the highest seen for their key get 409, and never
+/// reach the upstream.
+#[derive(Debug, Parser)]
+#[command(name = "fencing-gate", version, about, long_about = None)]
+struct Cli {
+    /// Where to listen (with --upstream, and no --config: every unsafe method
+    /// fenced, keyed by path, marks in memory).
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// The service behind the gate: http://host:port.
+    #[arg(long, value_name = "URL")]
+    upstream: Option<Uri>,
+    /// A TOML configuration (routes, marks, timeouts, limits, metrics);
+    /// --listen and --upstream override its addresses.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Check FILE and exit: 0 when the gate would run with it.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["listen", "upstream", "config"])]
+    check_config: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "fencing_gate=info,fencing_layer=info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    if let Some(path) = &cli.check_config {
+        return match read_config(path) {
+            Ok(_) => {
+                println!("{}: ok", path.display());
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("fencing-gate: {error}");
+                ExitCode::from(2)
+            }
+        };
+    }
+    match run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("fencing-gate: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read_config(path: &PathBuf) -> Result<GateConfig, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    GateConfig::from_toml(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+async fn run(cli: Cli) -> Result<(), String> {
+    let config = match (&cli.config, cli.listen, cli.upstream) {
+        (Some(path), listen, upstream) => {
+            let mut config = read_config(path)?;
+            config.listen = listen.unwrap_or(config.listen);
+            if let Some(upstream) = upstream {
+                config.upstream = upstream;
+                config = config.checked().map_err(|e| e.to_string())?;
+            }
+            config
+        }
+        (None, Some(listen), Some(upstream)) => {
+            GateConfig::new(listen, upstream).map_err(|e| e.to_string())?
+        }
+        _ => return Err("give --listen and --upstream, or --config FILE (see --help)".into()),
+    };
+    if let Some(metrics) = &config.metrics {
+        let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+            .install_recorder()
+            .map_err(|e| format!("metrics: {e}"))?;
+        let listener = tokio::net::TcpListener::bind(metrics.listen)
+            .await
+            .map_err(|e| format!("[metrics] listen {}: {e}", metrics.listen))?;
+        tokio::spawn(fencing_gate::serve_metrics(listener, handle));
+    }
+    let gate = Gate::new(&config).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let address = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(listen = %address, upstream = %config.upstream, marks = ?config.marks, "fencing-gate serving");
+    gate.serve(listener, shutdown_signal()).await;
+    Ok(())
+}
+
+/// Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(error) => {
+                tracing::error!("cannot listen for SIGTERM: {error}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
+}

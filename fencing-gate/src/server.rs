@@ -1,0 +1,150 @@
+//! Accepting connections and serving them: HTTP/1.1 and h2c on one port,
+//! the gate's refusals before the layer, and a graceful shutdown.
+
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use fencing_layer::Fencing;
+use http::{Request, Response, header};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use pin_project_lite::pin_project;
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+use tower::util::Oneshot;
+
+use crate::body::GateBody;
+use crate::config::{Limits, Upgrades};
+use crate::exchange::Shared;
+use crate::forward::{self, Forwarder};
+use crate::problem::GateProblem;
+use crate::proxy::Proxy;
+use crate::routes::RouteKeys;
+
+/// What every connection's service shares.
+pub(crate) struct Front {
+    pub(crate) fenced: Fencing<Proxy, RouteKeys>,
+    pub(crate) forwarder: Forwarder,
+    pub(crate) limits: Limits,
+    pub(crate) upgrades: Upgrades,
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// One connection's service: the gate's own checks, then the fenced proxy.
+#[derive(Clone)]
+struct Connection {
+    front: Arc<Front>,
+    peer: SocketAddr,
+}
+
+pin_project! {
+    #[project = AnswerProj]
+    enum Answer {
+        Now { #[pin] response: Ready<Result<Response<GateBody>, Infallible>> },
+        Fenced { #[pin] call: Oneshot<Fencing<Proxy, RouteKeys>, Request<Incoming>> },
+    }
+}
+
+impl Future for Answer {
+    type Output = Result<Response<GateBody>, Infallible>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project() {
+            AnswerProj::Now { response } => response.poll(cx),
+            AnswerProj::Fenced { call } => call.poll(cx),
+        }
+    }
+}
+
+impl hyper::service::Service<Request<Incoming>> for Connection {
+    type Response = Response<GateBody>;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn call(&self, mut request: Request<Incoming>) -> Answer {
+        let front = &self.front;
+        let refused = forward::refusal(&request, &front.limits).or_else(|| {
+            let upgrade = request.headers().contains_key(header::UPGRADE);
+            (upgrade && front.upgrades == Upgrades::Refuse).then(|| {
+                (GateProblem::UpgradeRefused, "upgrades are refused here ([forwarding] upgrades)".into())
+            })
+        });
+        if let Some((problem, detail)) = refused {
+            front.shared.metrics.refused(problem);
+            return Answer::Now { response: ready(Ok(problem.response(detail))) };
+        }
+        front.forwarder.rewrite(&mut request, self.peer);
+        Answer::Fenced { call: front.fenced.clone().oneshot(request) }
+    }
+}
+
+/// Serves `listener` until `shutdown` completes, then stops accepting and
+/// gives the requests inside up to `grace` to finish.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    front: Arc<Front>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // hyper's own limits sit above the gate's, so that the gate answers
+    // oversized headers itself (431 problem+json); past these, hyper does (431, bare).
+    let limits = &front.limits;
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .max_headers(limits.max_header_count.saturating_mul(2).max(100))
+        .max_buf_size(limits.max_header_bytes.saturating_mul(2).max(64 * 1024));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes.saturating_mul(2)).unwrap_or(u32::MAX));
+    let graceful = GracefulShutdown::new();
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    // Out of file descriptors, say: wait a little rather than spin.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = Connection { front: Arc::clone(&front), peer };
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let connection = graceful.watch(connection.into_owned());
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%peer, error = %error, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!(grace_ms = grace.as_millis() as u64, "shutting down: no new connections");
+    let tasks = front.shared.tasks.clone();
+    tasks.close();
+    let finished = async {
+        graceful.shutdown().await;
+        tasks.wait().await;
+    };
+    match tokio::time::timeout(grace, finished).await {
+        Ok(()) => tracing::info!("every request inside finished"),
+        Err(_) => tracing::warn!(
+            grace_ms = grace.as_millis() as u64,
+            "requests still inside after the grace period"
+        ),
+    }
+}

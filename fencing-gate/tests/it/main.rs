@@ -1,0 +1,1 @@
+//! fencing-gate's integration tests.

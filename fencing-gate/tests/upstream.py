@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""A resource not written in Rust, for fencing-gate's tests and docs: Python's
+standard-library HTTP server that appends each write to a journal file.
+
+    python3 upstream.py JOURNAL [PORT]
+
+Listens on 127.0.0.1:PORT (0, the default, picks a free port) and prints
+"listening on PORT" once ready. Every request that is not GET or HEAD appends
+one line to JOURNAL, after its body has been read and any delay has passed:
+
+    <start> <end> <method> <path> token=<Fencing-Token or -> <body>
+
+(start and end in seconds since the epoch, to the microsecond). A query of
+delay_ms=N holds the request N ms before it is recorded and answered, as a
+slow write does. GET answers 200 with the journal.
+"""
+
+import os
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlsplit
+
+JOURNAL = sys.argv[1]
+LOCK = threading.Lock()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        with LOCK:
+            data = open(JOURNAL, "rb").read() if os.path.exists(JOURNAL) else b""
+        self.answer(200, data)
+
+    def do_HEAD(self):
+        self.answer(200, b"", head=True)
+
+    def write(self):
+        start = time.time()
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        query = parse_qs(urlsplit(self.path).query)
+        delay = int(query.get("delay_ms", ["0"])[0])
+        if delay:
+            time.sleep(delay / 1000)
+        token = self.headers.get("Fencing-Token", "-")
+        line = "%.6f %.6f %s %s token=%s %s\n" % (
+            start, time.time(), self.command, urlsplit(self.path).path, token, body.decode("utf-8", "replace"))
+        with LOCK:
+            with open(JOURNAL, "a") as journal:
+                journal.write(line)
+                journal.flush()
+                os.fsync(journal.fileno())
+        self.answer(200, ("recorded %s\n" % token).encode())
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = write
+
+    def answer(self, status, body, head=False):
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+
+server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0), Handler)
+server.daemon_threads = True
+print("listening on %d" % server.server_address[1], flush=True)
+server.serve_forever()

@@ -74,6 +74,8 @@ pub struct GateConfig {
 #[serde(deny_unknown_fields, default)]
 #[non_exhaustive]
 pub struct Fencing {
+    /// `false`: a plain reverse proxy, nothing fenced (to measure what fencing costs).
+    pub enabled: bool,
     /// The token's header (default `Fencing-Token`).
     pub header: String,
     /// The methods fenced where a route does not say (default: all but GET, HEAD, OPTIONS, TRACE).
@@ -91,6 +93,7 @@ pub struct Fencing {
 impl Default for Fencing {
     fn default() -> Self {
         Self {
+            enabled: true,
             header: "fencing-token".into(),
             methods: None,
             allow_unfenced: false,

@@ -25,6 +25,9 @@ struct Cli {
     /// --listen and --upstream override its addresses.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Fence nothing: a plain reverse proxy (to measure what fencing costs).
+    #[arg(long)]
+    no_fencing: bool,
     /// Check FILE and exit: 0 when the gate would run with it.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["listen", "upstream", "config"])]
     check_config: Option<PathBuf>,
@@ -38,6 +41,7 @@ async fn main() -> ExitCode {
                 .unwrap_or_else(|_| "fencing_gate=info,fencing_layer=info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     if let Some(path) = &cli.check_config {
@@ -82,6 +86,10 @@ async fn run(cli: Cli) -> Result<(), String> {
         }
         _ => return Err("give --listen and --upstream, or --config FILE (see --help)".into()),
     };
+    let mut config = config;
+    if cli.no_fencing {
+        config.fencing.enabled = false;
+    }
     if let Some(metrics) = &config.metrics {
         let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
             .install_recorder()
@@ -89,6 +97,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         let listener = tokio::net::TcpListener::bind(metrics.listen)
             .await
             .map_err(|e| format!("[metrics] listen {}: {e}", metrics.listen))?;
+        if let Ok(address) = listener.local_addr() {
+            tracing::info!(listen = %address, "metrics serving");
+        }
         tokio::spawn(fencing_gate::serve_metrics(listener, handle));
     }
     let gate = Gate::new(&config).await?;

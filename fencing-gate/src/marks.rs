@@ -18,7 +18,7 @@ pub(crate) async fn layer(config: &GateConfig) -> Result<FencingLayer<RouteKeys>
     let header = HeaderName::try_from(&fencing.header).map_err(|e| e.to_string())?;
     let methods = fencing.methods.clone();
     let routes = Routes::new(&config.routes).map_err(|e| e.to_string())?;
-    let custom = methods.is_some() || !routes.is_empty();
+    let custom = methods.is_some() || !routes.is_empty() || !fencing.enabled;
     let keys = RouteKeys::new(routes, methods);
     let mut layer = FencingLayer::new()
         .header(header)
@@ -31,7 +31,8 @@ pub(crate) async fn layer(config: &GateConfig) -> Result<FencingLayer<RouteKeys>
         .key_extractor(keys.clone());
     if custom {
         // Each route says which of its methods are fenced; the layer asks the routes.
-        layer = layer.unfenced_methods([]).unfenced_if(move |request| keys.unfenced(request));
+        let enabled = fencing.enabled;
+        layer = layer.unfenced_methods([]).unfenced_if(move |request| !enabled || keys.unfenced(request));
     }
     if let Some(path) = &fencing.verify_key {
         let key = ProofPublicKey::read(path)

@@ -12,9 +12,11 @@ one line to JOURNAL, after its body has been read and any delay has passed:
 
 (start and end in seconds since the epoch, to the microsecond). A query of
 delay_ms=N holds the request N ms before it is recorded and answered, as a
-slow write does. GET answers 200 with the journal.
+slow write does. Bodies may be chunked. GET /headers answers the request's
+headers as JSON; any other GET, the journal.
 """
 
+import json
 import os
 import sys
 import threading
@@ -32,7 +34,24 @@ class Handler(BaseHTTPRequestHandler):
     def log_message(self, *args):
         pass
 
+    def body(self):
+        """The request's body, framed by Content-Length or chunked."""
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass  # trailers
+                    return body
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
     def do_GET(self):
+        if self.path == "/headers":
+            return self.answer(200, json.dumps(dict(self.headers.items())).encode())
         with LOCK:
             data = open(JOURNAL, "rb").read() if os.path.exists(JOURNAL) else b""
         self.answer(200, data)
@@ -42,8 +61,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def write(self):
         start = time.time()
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        body = self.body()
         query = parse_qs(urlsplit(self.path).query)
         delay = int(query.get("delay_ms", ["0"])[0])
         if delay:

@@ -1,0 +1,74 @@
+//! Requests framed two ways, and oversized heads, over raw sockets: refused,
+//! or made unambiguous; never forwarded as they came.
+
+use crate::common::{Gate, Upstream, raw};
+
+#[tokio::test]
+async fn content_length_with_chunked_is_forwarded_chunked_only_and_what_follows_is_dropped() {
+    let upstream = Upstream::start();
+    let gate = Gate::one_line(&upstream.url());
+    // Read by Content-Length, the body would be "5\r\nh" and the rest a second
+    // request with token 1; read as chunked (which wins), it is "hello".
+    let answer = raw(
+        &gate,
+        b"POST /s/1 HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5\r\nhello\r\n0\r\n\r\nPOST /s/1 HTTP/1.1\r\nHost: x\r\nFencing-Token: 1\r\nContent-Length: 3\r\n\r\nbad",
+    );
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert_eq!(answer.matches("HTTP/1.1").count(), 1, "the bytes after the body were served: {answer}");
+    let writes = upstream.writes();
+    assert_eq!(writes.len(), 1, "{writes:?}");
+    assert_eq!((writes[0].token.as_str(), writes[0].body.as_str()), ("5", "hello"));
+}
+
+#[tokio::test]
+async fn differing_content_lengths_obs_fold_and_unknown_codings_are_refused() {
+    let upstream = Upstream::start();
+    let gate = Gate::one_line(&upstream.url());
+    let two_lengths =
+        raw(&gate, b"POST /s/2 HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\nhello");
+    assert!(two_lengths.starts_with("HTTP/1.1 400"), "{two_lengths}");
+    let folded = raw(&gate, b"POST /s/3 HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nX-A: a\r\n b\r\nContent-Length: 5\r\n\r\nhello");
+    assert!(folded.starts_with("HTTP/1.1 400"), "{folded}");
+    let gzip = raw(
+        &gate,
+        b"POST /s/4 HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nTransfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+    );
+    assert!(gzip.starts_with("HTTP/1.1 501"), "{gzip}");
+    assert!(gzip.contains("unsupported-transfer-coding"), "{gzip}");
+    for path in ["/s/../s/5", "/s//5", "/s/%2e%2e/5", "/s%2F5"] {
+        let request = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        let answer = raw(&gate, request.as_bytes());
+        assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("ambiguous-path"), "{path}: {answer}");
+    }
+    assert!(upstream.writes().is_empty(), "{:?}", upstream.writes());
+}
+
+#[tokio::test]
+async fn oversized_heads_get_431() {
+    let upstream = Upstream::start();
+    let gate = Gate::one_line(&upstream.url());
+    let many: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
+    let answer = raw(
+        &gate,
+        format!("POST /s HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\n{many}Connection: close\r\n\r\n")
+            .as_bytes(),
+    );
+    assert!(answer.starts_with("HTTP/1.1 431") && answer.contains("headers-too-large"), "{answer}");
+    let big = "a".repeat(40 * 1024);
+    let answer = raw(
+        &gate,
+        format!(
+            "POST /s HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\nX-Big: {big}\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert!(answer.starts_with("HTTP/1.1 431") && answer.contains("headers-too-large"), "{answer}");
+    // Past hyper's own bound the parser refuses it: still 431, without a body.
+    let huge = "a".repeat(200 * 1024);
+    let answer = raw(&gate, format!("POST /s HTTP/1.1\r\nHost: x\r\nX-Huge: {huge}\r\n\r\n").as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(upstream.writes().is_empty());
+}

@@ -112,6 +112,12 @@ impl Body for Upstream {
     ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let this = self.get_mut();
         let Some(body) = this.body.as_mut() else { return Poll::Ready(None) };
+        if this.place.as_ref().is_some_and(|place| place.poll_revoked(cx).is_ready()) {
+            // The gate lost its claim on the key: the exchange stops here.
+            this.body = None;
+            this.place = None;
+            return Poll::Ready(Some(Err("this gate lost its claim on the key mid-response".into())));
+        }
         match Pin::new(body).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
                 this.silence = None;

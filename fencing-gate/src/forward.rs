@@ -7,6 +7,8 @@
 //!   removed both ways; the body's framing is the gate's own on each side;
 //! - `X-Forwarded-For`, `X-Forwarded-Proto` and `Forwarded` are kept only from
 //!   trusted hops, and the peer is appended;
+//! - trailers pass both ways: those the sender declared in `Trailer` (hyper sends
+//!   no others), with `TE: trailers` upstream when the client sent it;
 //! - `Expect` is answered by the gate (hyper sends `100 Continue` when the
 //!   body is first read, which is after the upstream has been reached);
 //! - everything else passes untouched: `Fencing-Token`, `Fencing-Proof`,
@@ -56,6 +58,16 @@ fn connection_names(headers: &HeaderMap) -> Option<Vec<HeaderName>> {
         .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
         .collect();
     Some(names)
+}
+
+/// Whether `TE` lists `trailers`.
+fn accepts_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .any(|coding| coding.trim().eq_ignore_ascii_case("trailers"))
 }
 
 /// What the gate refuses before the layer sees a request.
@@ -136,7 +148,12 @@ impl Forwarder {
     /// Turns a client's request into the upstream's.
     pub(crate) fn rewrite<B>(&self, request: &mut Request<B>, peer: SocketAddr) {
         let headers = request.headers_mut();
+        let trailers = accepts_trailers(headers);
         strip_hop_by_hop(headers);
+        if trailers {
+            // The gate passes trailers on, so it may say it takes them, as its client did.
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
         headers.remove(header::EXPECT);
         self.forwarded(headers, peer.ip());
         // An HTTP/2 request names its host in the URI: HTTP/1.1 wants it in `Host`.

@@ -38,6 +38,7 @@ mod problem;
 mod proxy;
 mod routes;
 mod server;
+mod tunnel;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -27,6 +27,7 @@ use crate::forward::{self, Forwarder};
 use crate::problem::GateProblem;
 use crate::proxy::Proxy;
 use crate::routes::RouteKeys;
+use crate::tunnel;
 
 /// What every connection's service shares.
 pub(crate) struct Front {
@@ -44,11 +45,15 @@ struct Connection {
     peer: SocketAddr,
 }
 
+/// An upgrade passed through: rare enough to box.
+type Tunnel = Pin<Box<dyn Future<Output = Response<GateBody>> + Send>>;
+
 pin_project! {
     #[project = AnswerProj]
     enum Answer {
         Now { #[pin] response: Ready<Result<Response<GateBody>, Infallible>> },
         Fenced { #[pin] call: Oneshot<Fencing<Proxy, RouteKeys>, Request<Incoming>> },
+        Tunnel { tunnel: Tunnel },
     }
 }
 
@@ -59,6 +64,7 @@ impl Future for Answer {
         match self.project() {
             AnswerProj::Now { response } => response.poll(cx),
             AnswerProj::Fenced { call } => call.poll(cx),
+            AnswerProj::Tunnel { tunnel } => tunnel.as_mut().poll(cx).map(Ok),
         }
     }
 }
@@ -70,8 +76,8 @@ impl hyper::service::Service<Request<Incoming>> for Connection {
 
     fn call(&self, mut request: Request<Incoming>) -> Answer {
         let front = &self.front;
+        let upgrade = request.headers().contains_key(header::UPGRADE);
         let refused = forward::refusal(&request, &front.limits).or_else(|| {
-            let upgrade = request.headers().contains_key(header::UPGRADE);
             (upgrade && front.upgrades == Upgrades::Refuse).then(|| {
                 (GateProblem::UpgradeRefused, "upgrades are refused here ([forwarding] upgrades)".into())
             })
@@ -79,6 +85,12 @@ impl hyper::service::Service<Request<Incoming>> for Connection {
         if let Some((problem, detail)) = refused {
             front.shared.metrics.refused(problem);
             return Answer::Now { response: ready(Ok(problem.response(detail))) };
+        }
+        if upgrade {
+            let (front, peer) = (Arc::clone(front), self.peer);
+            let tunnel =
+                async move { tunnel::pass(Arc::clone(&front.shared), &front.forwarder, request, peer).await };
+            return Answer::Tunnel { tunnel: Box::pin(tunnel) };
         }
         front.forwarder.rewrite(&mut request, self.peer);
         Answer::Fenced { call: front.fenced.clone().oneshot(request) }

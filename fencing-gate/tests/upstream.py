@@ -12,8 +12,11 @@ one line to JOURNAL, after its body has been read and any delay has passed:
 
 (start and end in seconds since the epoch, to the microsecond). A query of
 delay_ms=N holds the request N ms before it is recorded and answered, as a
-slow write does. Bodies may be chunked. GET /headers answers the request's
-headers as JSON; any other GET, the journal.
+slow write does; close=1 records the write and closes the connection without
+an answer. Bodies may be chunked; a request's trailers are recorded after its
+body, as " [trailer NAME: VALUE]". GET /headers answers the request's headers
+as JSON; GET /trailers a chunked body with a trailer; GET /upgrade switches
+to an echo protocol (101); any other GET, the journal.
 """
 
 import json
@@ -41,9 +44,11 @@ class Handler(BaseHTTPRequestHandler):
             while True:
                 size = int(self.rfile.readline().split(b";")[0].strip(), 16)
                 if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass  # trailers
-                    return body
+                    while True:
+                        trailer = self.rfile.readline()
+                        if trailer in (b"\r\n", b"\n", b""):
+                            return body
+                        body += b" [trailer " + trailer.strip() + b"]"
                 body += self.rfile.read(size)
                 self.rfile.readline()
         length = int(self.headers.get("Content-Length") or 0)
@@ -52,6 +57,15 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/headers":
             return self.answer(200, json.dumps(dict(self.headers.items())).encode())
+        if self.path == "/trailers":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Trailer", "X-Checksum")
+            self.end_headers()
+            self.wfile.write(b"5\r\nhello\r\n0\r\nX-Checksum: abc\r\n\r\n")
+            return
+        if self.path == "/upgrade":
+            return self.upgrade()
         with LOCK:
             data = open(JOURNAL, "rb").read() if os.path.exists(JOURNAL) else b""
         self.answer(200, data)
@@ -67,6 +81,15 @@ class Handler(BaseHTTPRequestHandler):
         if delay:
             time.sleep(delay / 1000)
         token = self.headers.get("Fencing-Token", "-")
+        if "close" in query:
+            self.record(start, token, body)
+            self.close_connection = True
+            self.connection.shutdown(2)  # no answer at all
+            return
+        self.record(start, token, body)
+        self.answer(200, ("recorded %s\n" % token).encode())
+
+    def record(self, start, token, body):
         line = "%.6f %.6f %s %s token=%s %s\n" % (
             start, time.time(), self.command, urlsplit(self.path).path, token, body.decode("utf-8", "replace"))
         with LOCK:
@@ -74,7 +97,18 @@ class Handler(BaseHTTPRequestHandler):
                 journal.write(line)
                 journal.flush()
                 os.fsync(journal.fileno())
-        self.answer(200, ("recorded %s\n" % token).encode())
+
+    def upgrade(self):
+        """Switches to an echo protocol: each line sent comes back upper-cased."""
+        self.send_response(101)
+        self.send_header("Upgrade", "echo")
+        self.send_header("Connection", "Upgrade")
+        self.end_headers()
+        self.wfile.flush()
+        for line in self.rfile:
+            self.wfile.write(line.upper())
+            self.wfile.flush()
+        self.close_connection = True
 
     do_POST = do_PUT = do_PATCH = do_DELETE = write
 
@@ -87,7 +121,13 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(body)
 
 
-server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0), Handler)
-server.daemon_threads = True
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass  # a client that left mid-request (the tests do that on purpose)
+
+
+server = Server(("127.0.0.1", int(sys.argv[2]) if len(sys.argv) > 2 else 0), Handler)
 print("listening on %d" % server.server_address[1], flush=True)
 server.serve_forever()

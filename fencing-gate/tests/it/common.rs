@@ -232,6 +232,30 @@ pub(crate) fn raw(gate: &Gate, raw: &[u8]) -> String {
     String::from_utf8_lossy(&answer).into_owned()
 }
 
+/// Sends `raw` bytes to the gate and reads one response (its head and its
+/// `Content-Length` bytes of body), leaving the connection as it is.
+pub(crate) fn raw_one(gate: &Gate, raw: &[u8]) -> String {
+    let mut stream = TcpStream::connect(gate.addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream.write_all(raw).unwrap();
+    let mut reader = BufReader::new(stream);
+    let mut answer = String::new();
+    while !answer.ends_with("\r\n\r\n") {
+        if reader.read_line(&mut answer).unwrap() == 0 {
+            return answer;
+        }
+    }
+    let length = answer
+        .lines()
+        .find_map(|line| {
+            line.to_ascii_lowercase().strip_prefix("content-length: ").map(|n| n.trim().parse().unwrap())
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    answer + &String::from_utf8_lossy(&body)
+}
+
 /// Seconds since the epoch, as the upstream's journal counts them.
 pub(crate) fn now() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()

@@ -138,3 +138,69 @@ fn check_config_names_the_line_and_the_field() {
         .unwrap();
     assert!(output.status.success());
 }
+
+#[tokio::test]
+async fn routes_key_by_template_or_header_and_pass_some_through() {
+    let upstream = Upstream::start();
+    let gate = Gate::start(
+        &upstream.url(),
+        r#"
+[[route]]
+path = "/accounts/{id}/{*rest}"
+key = "account:{id}"
+
+[[route]]
+path = "/tenants/{*rest}"
+key_header = "x-tenant"
+methods = ["POST"]
+
+[[route]]
+path = "/health"
+fenced = false
+"#,
+    );
+    assert_eq!(send(&gate, "POST", "/accounts/7/ledger", Some(3), "a").await.status, 200);
+    // Another path of the same account is the same key.
+    assert_eq!(send(&gate, "PUT", "/accounts/7/profile", Some(2), "b").await.status, 409);
+    assert_eq!(send(&gate, "PUT", "/accounts/8/profile", Some(2), "c").await.status, 200);
+    let tenant = |token: u64, tenant: &'static str, method: &'static str| {
+        let request = reqwest::Client::new()
+            .request(method.parse().unwrap(), gate.url("/tenants/x"))
+            .header("fencing-token", token)
+            .header("x-tenant", tenant);
+        async move { request.send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(tenant(4, "acme", "POST").await, 200);
+    assert_eq!(tenant(3, "acme", "POST").await, 409);
+    assert_eq!(tenant(3, "other", "POST").await, 200);
+    assert_eq!(tenant(1, "acme", "PUT").await, 200, "PUT is not fenced on this route");
+    let no_header = send(&gate, "POST", "/tenants/x", Some(9), "").await;
+    assert_eq!(no_header.status, 400);
+    assert!(no_header.problem()["detail"].as_str().unwrap().contains("x-tenant"), "{no_header:?}");
+    assert_eq!(send(&gate, "POST", "/health", None, "").await.status, 200, "a pass-through route");
+}
+
+#[tokio::test]
+async fn a_raise_needs_the_lock_services_proof_when_a_key_is_configured() {
+    use fencing_layer::verify::ProofSigner;
+    let upstream = Upstream::start();
+    let dir = tempfile::tempdir().unwrap();
+    let signer = ProofSigner::generate().unwrap();
+    let (secret, public) = (dir.path().join("lock.key"), dir.path().join("lock.pub"));
+    signer.write_key_pair(&secret, &public).unwrap();
+    let gate = Gate::start(&upstream.url(), &format!("[fencing]\nverify_key = {public:?}"));
+    let forged = send(&gate, "POST", "/files/v", Some(u64::MAX), "forged").await;
+    assert_eq!(forged.status, 403, "{forged:?}");
+    let proof = signer.sign("/files/v", 5);
+    let proved = reqwest::Client::new()
+        .post(gate.url("/files/v"))
+        .header("fencing-token", "5")
+        .header("fencing-proof", proof)
+        .body("proved")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(proved.status(), 200);
+    let tokens: Vec<_> = upstream.writes().into_iter().map(|w| w.token).collect();
+    assert_eq!(tokens, ["5"]);
+}

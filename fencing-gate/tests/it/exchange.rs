@@ -146,3 +146,39 @@ async fn shutdown_lets_the_requests_inside_finish() {
     assert_eq!(slow.await.unwrap(), 200);
     assert_eq!(upstream.writes()[0].body, "slow");
 }
+
+#[tokio::test]
+async fn a_request_the_upstream_received_is_never_sent_again() {
+    let upstream = Upstream::start();
+    let gate = Gate::start(&upstream.url(), "[timeouts]\nupstream_ms = 1000\nquarantine_ms = 1000");
+    // Pooled connections first, so that a retry on a reused one would be tempting.
+    for _ in 0..3 {
+        assert_eq!(send(&gate, "POST", "/files/r", Some(1), "warm").await.status, 200);
+    }
+    let closed = send(&gate, "POST", "/files/r?close=1", Some(1), "once").await;
+    assert_eq!(closed.status, 502, "{closed:?}");
+    assert_eq!(closed.headers["fencing-problem"], "upstream-failed");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let once: Vec<_> = upstream.writes().into_iter().filter(|w| w.body == "once").collect();
+    assert_eq!(once.len(), 1, "{once:?}");
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_body_leaves_its_key_quarantined() {
+    let upstream = Upstream::start();
+    let gate = Gate::start(
+        &upstream.url(),
+        "[timeouts]\nupstream_ms = 500\nquarantine_ms = 1500\n[fencing]\ndrain_timeout_ms = 5000",
+    );
+    // Ten bytes announced, three sent: the upstream has the head and part of the body.
+    let mut a = TcpStream::connect(gate.addr).unwrap();
+    a.write_all(b"POST /files/m HTTP/1.1\r\nHost: gate\r\nFencing-Token: 5\r\nContent-Length: 10\r\n\r\nabc")
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(a);
+    let left = now();
+    let b = send(&gate, "POST", "/files/m", Some(6), "B").await;
+    assert_eq!(b.status, 200, "{b:?}");
+    let b_write = upstream.writes().into_iter().find(|w| w.token == "6").expect("B's write");
+    assert!(b_write.start >= left + 1.0, "B entered {:.3} s after A left mid-body", b_write.start - left);
+}

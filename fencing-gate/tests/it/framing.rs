@@ -1,7 +1,7 @@
 //! Requests framed two ways, and oversized heads, over raw sockets: refused,
 //! or made unambiguous; never forwarded as they came.
 
-use crate::common::{Gate, Upstream, raw};
+use crate::common::{Gate, Upstream, raw, raw_one};
 
 #[tokio::test]
 async fn content_length_with_chunked_is_forwarded_chunked_only_and_what_follows_is_dropped() {
@@ -71,4 +71,44 @@ async fn oversized_heads_get_431() {
     let answer = raw(&gate, format!("POST /s HTTP/1.1\r\nHost: x\r\nX-Huge: {huge}\r\n\r\n").as_bytes());
     assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     assert!(upstream.writes().is_empty());
+}
+
+#[tokio::test]
+async fn trailers_pass_both_ways() {
+    let upstream = Upstream::start();
+    let gate = Gate::one_line(&upstream.url());
+    let answer = raw(
+        &gate,
+        b"POST /t HTTP/1.1\r\nHost: x\r\nFencing-Token: 2\r\nTE: trailers\r\nTrailer: X-Checksum\r\nTransfer-Encoding: chunked\r\n\r\n\
+          5\r\nhello\r\n0\r\nX-Checksum: c1\r\n\r\n\
+          GET /trailers HTTP/1.1\r\nHost: x\r\nTE: trailers\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(upstream.writes()[0].body, "hello [trailer x-checksum: c1]");
+    let response = answer.split("HTTP/1.1 ").nth(2).expect("two answers");
+    assert!(response.to_ascii_lowercase().contains("x-checksum: abc"), "{answer}");
+}
+
+#[tokio::test]
+async fn upgrades_are_refused_unless_passed_through_unfenced() {
+    let upstream = Upstream::start();
+    let handshake = b"GET /upgrade HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
+    let refusing = Gate::one_line(&upstream.url());
+    let refused = raw_one(&refusing, handshake);
+    assert!(refused.starts_with("HTTP/1.1 501") && refused.contains("upgrade-refused"), "{refused}");
+
+    let passing = Gate::start(&upstream.url(), "[forwarding]\nupgrades = \"pass\"");
+    let mut stream = std::net::TcpStream::connect(passing.addr).unwrap();
+    stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+    std::io::Write::write_all(&mut stream, handshake).unwrap();
+    let mut reader = std::io::BufReader::new(stream.try_clone().unwrap());
+    let mut head = String::new();
+    while !head.ends_with("\r\n\r\n") {
+        std::io::BufRead::read_line(&mut reader, &mut head).unwrap();
+    }
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("upgrade: echo"), "{head}");
+    std::io::Write::write_all(&mut stream, b"through the tunnel\n").unwrap();
+    let mut echoed = String::new();
+    std::io::BufRead::read_line(&mut reader, &mut echoed).unwrap();
+    assert_eq!(echoed, "THROUGH THE TUNNEL\n");
 }

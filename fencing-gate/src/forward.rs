@@ -72,6 +72,10 @@ fn accepts_trailers(headers: &HeaderMap) -> bool {
 
 /// What the gate refuses before the layer sees a request.
 pub(crate) fn refusal<B>(request: &Request<B>, limits: &Limits) -> Option<(GateProblem, String)> {
+    if request.method() == http::Method::CONNECT {
+        let detail = "CONNECT opens a tunnel to anywhere: this gate only forwards to its upstream";
+        return Some((GateProblem::ConnectRefused, detail.into()));
+    }
     let headers = request.headers();
     if headers.len() > limits.max_header_count {
         let detail =

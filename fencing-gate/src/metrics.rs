@@ -5,7 +5,7 @@
 //! |---|---|---|---|
 //! | `fencing_gate_upstream_total` | counter | `outcome` | upstream exchanges: `answered`, `unreachable` (502, nothing sent), `failed` (502 after sending), `timeout` (504) |
 //! | `fencing_gate_quarantines_total` | counter | | exchanges whose outcome is unknown: their key stayed closed to higher tokens for the quarantine |
-//! | `fencing_gate_refused_total` | counter | `reason` | requests the gate refused before fencing: `headers-too-large`, `ambiguous-path`, `unsupported-transfer-coding`, `upgrade-refused` |
+//! | `fencing_gate_refused_total` | counter | `reason` | requests the gate refused before fencing: `headers-too-large`, `ambiguous-path`, `unsupported-transfer-coding`, `upgrade-refused`, `connect-refused` |
 
 use metrics::Counter;
 
@@ -17,16 +17,21 @@ use crate::problem::GateProblem;
 pub(crate) struct GateMetrics {
     upstream: [Counter; 4],
     quarantines: Counter,
-    refused: [Counter; 4],
+    refused: [Counter; 5],
 }
 
 impl GateMetrics {
     pub(crate) fn new() -> Self {
         let upstream = ["answered", "unreachable", "failed", "timeout"]
             .map(|outcome| metrics::counter!("fencing_gate_upstream_total", "outcome" => outcome));
-        let refused =
-            ["headers-too-large", "ambiguous-path", "unsupported-transfer-coding", "upgrade-refused"]
-                .map(|reason| metrics::counter!("fencing_gate_refused_total", "reason" => reason));
+        let refused = [
+            "headers-too-large",
+            "ambiguous-path",
+            "unsupported-transfer-coding",
+            "upgrade-refused",
+            "connect-refused",
+        ]
+        .map(|reason| metrics::counter!("fencing_gate_refused_total", "reason" => reason));
         let quarantines = metrics::counter!("fencing_gate_quarantines_total");
         for counter in upstream.iter().chain(&refused).chain([&quarantines]) {
             counter.increment(0);
@@ -48,6 +53,7 @@ impl GateMetrics {
             GateProblem::AmbiguousPath => 1,
             GateProblem::UnsupportedTransferCoding => 2,
             GateProblem::UpgradeRefused => 3,
+            GateProblem::ConnectRefused => 4,
             _ => return,
         };
         self.refused[index].increment(1);

@@ -28,6 +28,8 @@ pub(crate) enum GateProblem {
     UnsupportedTransferCoding,
     /// An `Upgrade` request while upgrades are refused (501).
     UpgradeRefused,
+    /// A `CONNECT` request: the gate is a reverse proxy, not a forward one (501).
+    ConnectRefused,
     /// The gate is shutting down (503).
     ShuttingDown,
     /// The store took the request's place back mid-exchange (a gate losing its
@@ -51,6 +53,7 @@ impl GateProblem {
                 (StatusCode::NOT_IMPLEMENTED, "unsupported-transfer-coding", "Unsupported transfer coding")
             }
             Self::UpgradeRefused => (StatusCode::NOT_IMPLEMENTED, "upgrade-refused", "Upgrade refused"),
+            Self::ConnectRefused => (StatusCode::NOT_IMPLEMENTED, "connect-refused", "CONNECT refused"),
             Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting-down", "Shutting down"),
             Self::ClaimLost => (StatusCode::SERVICE_UNAVAILABLE, "claim-lost", "Claim lost"),
         }

@@ -43,6 +43,8 @@ async fn differing_content_lengths_obs_fold_and_unknown_codings_are_refused() {
         let answer = raw(&gate, request.as_bytes());
         assert!(answer.starts_with("HTTP/1.1 400") && answer.contains("ambiguous-path"), "{path}: {answer}");
     }
+    let connect = raw_one(&gate, b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n");
+    assert!(connect.starts_with("HTTP/1.1 501") && connect.contains("connect-refused"), "{connect}");
     assert!(upstream.writes().is_empty(), "{:?}", upstream.writes());
 }
 

@@ -15,7 +15,8 @@ delay_ms=N holds the request N ms before it is recorded and answered, as a
 slow write does; close=1 records the write and closes the connection without
 an answer. Bodies may be chunked; a request's trailers are recorded after its
 body, as " [trailer NAME: VALUE]". GET /headers answers the request's headers
-as JSON; GET /trailers a chunked body with a trailer; GET /upgrade switches
+as JSON; GET /trailers a chunked body with a trailer; GET /stream two
+chunks a second apart; GET /upgrade switches
 to an echo protocol (101); any other GET, the journal.
 """
 
@@ -66,6 +67,16 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/upgrade":
             return self.upgrade()
+        if self.path == "/stream":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for part in (b"first\n", b"second\n"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                self.wfile.flush()
+                time.sleep(1)
+            self.wfile.write(b"0\r\n\r\n")
+            return
         with LOCK:
             data = open(JOURNAL, "rb").read() if os.path.exists(JOURNAL) else b""
         self.answer(200, data)

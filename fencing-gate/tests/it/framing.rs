@@ -114,3 +114,22 @@ async fn upgrades_are_refused_unless_passed_through_unfenced() {
     std::io::BufRead::read_line(&mut reader, &mut echoed).unwrap();
     assert_eq!(echoed, "THROUGH THE TUNNEL\n");
 }
+
+#[tokio::test]
+async fn bodies_stream_through_without_waiting_for_their_end() {
+    let upstream = Upstream::start();
+    let gate = Gate::one_line(&upstream.url());
+    let started = std::time::Instant::now();
+    let mut response = reqwest::get(gate.url("/stream")).await.unwrap();
+    let first = response.chunk().await.unwrap().unwrap();
+    assert_eq!(&first[..], b"first\n");
+    assert!(
+        started.elapsed() < std::time::Duration::from_millis(800),
+        "the first chunk waited for the second"
+    );
+    let mut rest = Vec::new();
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        rest.extend_from_slice(&chunk);
+    }
+    assert_eq!(rest, b"second\n");
+}

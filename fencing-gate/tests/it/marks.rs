@@ -23,10 +23,20 @@ async fn durable_marks_survive_kill_9() {
 #[tokio::test]
 async fn two_gates_sharing_postgresql_refuse_a_stale_write_through_either() {
     let Some(db) = test_support::TestDb::create().await else { return };
+    two_gates_sharing(&format!("[marks]\nkind = \"postgres\"\nurl = {:?}", db.url())).await;
+    drop(db);
+}
+
+#[tokio::test]
+async fn two_gates_sharing_etcd_refuse_a_stale_write_through_either() {
+    let Some(etcd) = test_support::Etcd::start().await else { return };
+    two_gates_sharing(&format!("[marks]\nkind = \"etcd\"\nendpoints = [{:?}]", etcd.endpoint)).await;
+}
+
+async fn two_gates_sharing(marks: &str) {
     let upstream = Upstream::start();
-    let marks = format!("[marks]\nkind = \"postgres\"\nurl = {:?}", db.url());
-    let first = Gate::start(&upstream.url(), &marks);
-    let second = Gate::start(&upstream.url(), &marks);
+    let first = Gate::start(&upstream.url(), marks);
+    let second = Gate::start(&upstream.url(), marks);
     assert_eq!(send(&first, "POST", "/files/p", Some(5), "five via the first").await.status, 200);
     let stale = send(&second, "POST", "/files/p", Some(4), "four via the second").await;
     assert_eq!(stale.status, 409, "{stale:?}");
@@ -34,5 +44,4 @@ async fn two_gates_sharing_postgresql_refuse_a_stale_write_through_either() {
     assert_eq!(send(&first, "POST", "/files/p", Some(5), "five again via the first").await.status, 409);
     let tokens: Vec<_> = upstream.writes().into_iter().map(|w| w.token).collect();
     assert_eq!(tokens, ["5", "6"]);
-    drop((first, second, db));
 }

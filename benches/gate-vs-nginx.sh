@@ -340,7 +340,8 @@ label[gate]="fencing-gate --no-fencing"
 start_gate fenced
 label[fenced]="fencing-gate, fenced"
 
-echo "$(date -u '+%F %T UTC'), $(git rev-parse --short HEAD)$(git status --porcelain -- fencing-gate fencing-layer | grep -q . && echo ' (fencing-gate/fencing-layer with uncommitted changes)' || true)"
+dirty=$(git status --porcelain -- fencing-gate fencing-layer)
+echo "$(date -u '+%F %T UTC'), $(git rev-parse --short HEAD)${dirty:+ (fencing-gate/fencing-layer with uncommitted changes)}"
 echo "servers on CPU $SERVER_CPUS (nginx worker_processes $WORKERS, TOKIO_WORKER_THREADS=$WORKERS for the gates,"
 echo "  upstream threads $WORKERS), fencing-load on CPU $CLIENT_CPUS (1 client thread); $(nproc --all) CPUs"
 echo "gate tokio workers: $(cat /proc/"${pids[fenced]}"/task/*/comm | grep -cE '^tokio-(rt-worker|runtime-w)'),"\

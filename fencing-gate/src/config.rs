@@ -104,17 +104,23 @@ impl Default for Fencing {
 }
 
 /// `[marks]`: where the marks live.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, tag = "kind", rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum Marks {
     /// In this process (the default): a restart forgets them.
-    #[default]
-    Memory,
+    Memory {
+        /// The most keys tracked; a new key past it gets 503 (marks are never evicted).
+        #[serde(default = "max_keys")]
+        max_keys: usize,
+    },
     /// In a redb file, each raise fsync'd before its request goes on.
     Redb {
         /// The file (created if missing).
         path: PathBuf,
+        /// As for `memory`.
+        #[serde(default = "max_keys")]
+        max_keys: usize,
     },
     /// Replica claims in PostgreSQL, shared by every gate using the database (feature `postgres`).
     Postgres {
@@ -129,6 +135,16 @@ pub enum Marks {
         #[serde(default = "etcd_prefix")]
         prefix: String,
     },
+}
+
+impl Default for Marks {
+    fn default() -> Self {
+        Self::Memory { max_keys: max_keys() }
+    }
+}
+
+fn max_keys() -> usize {
+    fencing_layer::store::DEFAULT_MAX_KEYS
 }
 
 fn etcd_prefix() -> String {
@@ -185,12 +201,15 @@ pub struct Limits {
     pub max_header_count: usize,
     /// Bytes of header names and values per request (then 431).
     pub max_header_bytes: usize,
+    /// Client connections open at once; past it, new ones wait in the
+    /// listener's backlog until one closes.
+    pub max_connections: usize,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         // nginx's default: 4 buffers of 8 KiB for large headers.
-        Self { max_header_count: 100, max_header_bytes: 32 * 1024 }
+        Self { max_header_count: 100, max_header_bytes: 32 * 1024, max_connections: 10_000 }
     }
 }
 

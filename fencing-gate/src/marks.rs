@@ -40,9 +40,12 @@ pub(crate) async fn layer(config: &GateConfig) -> Result<FencingLayer<RouteKeys>
         layer = layer.verifier(Ed25519Verifier::new(key));
     }
     Ok(match &config.marks {
-        Marks::Memory => layer,
-        Marks::Redb { path } => {
-            let store = MarkStore::open(path).map_err(|e| format!("[marks] path {}: {e}", path.display()))?;
+        Marks::Memory { max_keys } => layer.store(MarkStore::builder().max_keys(*max_keys).in_memory()),
+        Marks::Redb { path, max_keys } => {
+            let store = MarkStore::builder()
+                .max_keys(*max_keys)
+                .open(path)
+                .map_err(|e| format!("[marks] path {}: {e}", path.display()))?;
             layer.store(store)
         }
         Marks::Postgres { url } => postgres(layer, url).await?,

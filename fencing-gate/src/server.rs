@@ -17,6 +17,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use pin_project_lite::pin_project;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tower::ServiceExt;
 use tower::util::Oneshot;
 
@@ -120,8 +121,14 @@ pub(crate) async fn serve(
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_header_bytes.saturating_mul(2)).unwrap_or(u32::MAX));
     let graceful = GracefulShutdown::new();
+    let connections = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
+        // At the limit, stop accepting: new connections wait in the backlog.
+        let room = tokio::select! {
+            room = Arc::clone(&connections).acquire_owned() => room.expect("never closed"),
+            () = &mut shutdown => break,
+        };
         let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -142,6 +149,7 @@ pub(crate) async fn serve(
             if let Err(error) = connection.await {
                 tracing::debug!(%peer, error = %error, "connection ended with an error");
             }
+            drop(room);
         });
     }
     drop(listener);

@@ -204,3 +204,30 @@ async fn a_raise_needs_the_lock_services_proof_when_a_key_is_configured() {
     let tokens: Vec<_> = upstream.writes().into_iter().map(|w| w.token).collect();
     assert_eq!(tokens, ["5"]);
 }
+
+#[tokio::test]
+async fn the_key_table_and_the_connections_are_bounded() {
+    let upstream = Upstream::start();
+    let gate = Gate::start(
+        &upstream.url(),
+        "[marks]\nkind = \"memory\"\nmax_keys = 1\n[limits]\nmax_connections = 1",
+    );
+    assert_eq!(send(&gate, "POST", "/a", Some(1), "").await.status, 200);
+    let full = send(&gate, "POST", "/b", Some(1), "").await;
+    assert_eq!(
+        (full.status, full.problem()["type"].as_str()),
+        (503, Some("urn:fencing:problem:key-table-full"))
+    );
+    // One connection held open: the next one is not served until it closes.
+    let held = std::net::TcpStream::connect(gate.addr).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        reqwest::get(gate.url("/a")).await.unwrap();
+        started.elapsed()
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(held);
+    let waited = waiting.await.unwrap();
+    assert!(waited >= Duration::from_millis(450), "served beside the held connection after {waited:?}");
+}

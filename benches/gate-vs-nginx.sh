@@ -174,6 +174,11 @@ http {
       proxy_pass http://backend;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
+      # What the gate sends too (docs/gate.md), so that both proxies do the
+      # same work and the upstream parses the same request from either.
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header Forwarded "for=\$remote_addr;proto=\$scheme";
     }
   }
 }

@@ -73,7 +73,8 @@ normalize() {
     -e 's/^[0-9]+\.[0-9]+ [0-9]+\.[0-9]+ /START END /'
 }
 
-transcript=$(session | sed -e 's/\x1b\[[0-9;]*m//g')
+# curl prints HTTP heads with CRLF; the page keeps plain line ends.
+transcript=$(session | sed -e 's/\x1b\[[0-9;]*m//g' | tr -d '\r')
 block=$(printf '```console\n%s\n```' "$transcript")
 begin='<!-- transcript: docs/transcripts/gate.sh -->'
 end='<!-- end of transcript -->'

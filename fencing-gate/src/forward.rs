@@ -150,7 +150,7 @@ impl Forwarder {
     }
 
     /// Turns a client's request into the upstream's.
-    pub(crate) fn rewrite<B>(&self, request: &mut Request<B>, peer: SocketAddr) {
+    pub(crate) fn rewrite<B>(&self, request: &mut Request<B>, peer: &Peer) {
         let headers = request.headers_mut();
         let trailers = accepts_trailers(headers);
         strip_hop_by_hop(headers);
@@ -159,7 +159,7 @@ impl Forwarder {
             headers.insert(header::TE, HeaderValue::from_static("trailers"));
         }
         headers.remove(header::EXPECT);
-        self.forwarded(headers, peer.ip());
+        Self::forwarded(headers, peer);
         // An HTTP/2 request names its host in the URI: HTTP/1.1 wants it in `Host`.
         let authority = request.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
         if let (false, Some(host)) = (request.headers().contains_key(header::HOST), authority) {
@@ -173,27 +173,48 @@ impl Forwarder {
         *request.version_mut() = Version::HTTP_11;
     }
 
-    fn forwarded(&self, headers: &mut HeaderMap, peer: IpAddr) {
-        let peer = peer.to_canonical();
-        if !self.trusted.iter().any(|block| block.contains(peer)) {
-            headers.remove(X_FORWARDED_FOR);
-            headers.remove(X_FORWARDED_PROTO);
-            headers.remove(header::FORWARDED);
-        }
-        let node = match peer {
+    /// What a connection from `address` adds to each of its requests, made once.
+    pub(crate) fn peer(&self, address: SocketAddr) -> Peer {
+        let ip = address.ip().to_canonical();
+        let node = match ip {
             IpAddr::V4(v4) => v4.to_string(),
             IpAddr::V6(v6) => format!("\"[{v6}]\""),
         };
-        append(headers, X_FORWARDED_FOR, &peer.to_string(), ", ");
-        append(headers, header::FORWARDED, &format!("for={node};proto=http"), ", ");
+        let value = |text: String| HeaderValue::from_str(&text).expect("an address is a valid header value");
+        Peer {
+            trusted: self.trusted.iter().any(|block| block.contains(ip)),
+            for_: value(ip.to_string()),
+            forwarded: value(format!("for={node};proto=http")),
+        }
+    }
+
+    fn forwarded(headers: &mut HeaderMap, peer: &Peer) {
+        if !peer.trusted {
+            // The common case: whatever the client said is replaced, no string built.
+            headers.insert(X_FORWARDED_FOR, peer.for_.clone());
+            headers.insert(header::FORWARDED, peer.forwarded.clone());
+            headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
+            return;
+        }
+        append(headers, X_FORWARDED_FOR, &peer.for_, ", ");
+        append(headers, header::FORWARDED, &peer.forwarded, ", ");
         if !headers.contains_key(X_FORWARDED_PROTO) {
             headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
         }
     }
 }
 
+/// A client connection's peer, as its requests' forwarding headers name it.
+#[derive(Debug, Clone)]
+pub(crate) struct Peer {
+    trusted: bool,
+    for_: HeaderValue,
+    forwarded: HeaderValue,
+}
+
 /// Appends `value` to the one field `name`, joining what was there with `separator`.
-fn append(headers: &mut HeaderMap, name: HeaderName, value: &str, separator: &str) {
+fn append(headers: &mut HeaderMap, name: HeaderName, value: &HeaderValue, separator: &str) {
+    let Ok(value) = value.to_str() else { return };
     let mut joined = String::new();
     for old in headers.get_all(&name) {
         if let Ok(old) = old.to_str() {
@@ -247,16 +268,16 @@ mod tests {
                 .unwrap()
         };
         let mut from_anyone = request();
-        forwarder.rewrite(&mut from_anyone, "192.0.2.1:5000".parse().unwrap());
+        forwarder.rewrite(&mut from_anyone, &forwarder.peer("192.0.2.1:5000".parse().unwrap()));
         assert_eq!(from_anyone.headers()["x-forwarded-for"], "192.0.2.1");
         assert_eq!(from_anyone.headers()["forwarded"], "for=192.0.2.1;proto=http");
         let mut from_balancer = request();
-        forwarder.rewrite(&mut from_balancer, "10.1.2.3:5000".parse().unwrap());
+        forwarder.rewrite(&mut from_balancer, &forwarder.peer("10.1.2.3:5000".parse().unwrap()));
         assert_eq!(from_balancer.headers()["x-forwarded-for"], "6.6.6.6, 10.1.2.3");
         assert_eq!(from_balancer.headers()["forwarded"], "for=6.6.6.6, for=10.1.2.3;proto=http");
         assert_eq!(from_balancer.uri(), "http://127.0.0.1:1/x");
         let mut v6 = request();
-        forwarder.rewrite(&mut v6, "[2001:db8::1]:5000".parse().unwrap());
+        forwarder.rewrite(&mut v6, &forwarder.peer("[2001:db8::1]:5000".parse().unwrap()));
         assert_eq!(v6.headers()["forwarded"], "for=\"[2001:db8::1]\";proto=http");
     }
 }

@@ -3,7 +3,6 @@
 
 use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -24,7 +23,7 @@ use tower::util::Oneshot;
 use crate::body::GateBody;
 use crate::config::{Limits, Upgrades};
 use crate::exchange::Shared;
-use crate::forward::{self, Forwarder};
+use crate::forward::{self, Forwarder, Peer};
 use crate::problem::GateProblem;
 use crate::proxy::Proxy;
 use crate::routes::RouteKeys;
@@ -43,7 +42,7 @@ pub(crate) struct Front {
 #[derive(Clone)]
 struct Connection {
     front: Arc<Front>,
-    peer: SocketAddr,
+    peer: Arc<Peer>,
 }
 
 /// An upgrade passed through: rare enough to box.
@@ -88,12 +87,13 @@ impl hyper::service::Service<Request<Incoming>> for Connection {
             return Answer::Now { response: ready(Ok(problem.response(detail))) };
         }
         if upgrade {
-            let (front, peer) = (Arc::clone(front), self.peer);
-            let tunnel =
-                async move { tunnel::pass(Arc::clone(&front.shared), &front.forwarder, request, peer).await };
+            let (front, peer) = (Arc::clone(front), Arc::clone(&self.peer));
+            let tunnel = async move {
+                tunnel::pass(Arc::clone(&front.shared), &front.forwarder, request, &peer).await
+            };
             return Answer::Tunnel { tunnel: Box::pin(tunnel) };
         }
-        front.forwarder.rewrite(&mut request, self.peer);
+        front.forwarder.rewrite(&mut request, &self.peer);
         Answer::Fenced { call: front.fenced.clone().oneshot(request) }
     }
 }
@@ -107,14 +107,15 @@ pub(crate) async fn serve(
     grace: Duration,
 ) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // hyper's own limits sit above the gate's, so that the gate answers
+    // hyper's own limits sit at or above the gate's, so that the gate answers
     // oversized headers itself (431 problem+json); past these, hyper does (431, bare).
     let limits = &front.limits;
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30))
-        .max_headers(limits.max_header_count.saturating_mul(2).max(100))
+        // 100, hyper's default, parses into a buffer on the stack; more allocates on every request.
+        .max_headers(limits.max_header_count.max(100))
         .max_buf_size(limits.max_header_bytes.saturating_mul(2).max(64 * 1024));
     builder
         .http2()
@@ -142,7 +143,7 @@ pub(crate) async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let service = Connection { front: Arc::clone(&front), peer };
+        let service = Connection { front: Arc::clone(&front), peer: Arc::new(front.forwarder.peer(peer)) };
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
         let connection = graceful.watch(connection.into_owned());
         tokio::spawn(async move {

@@ -4,7 +4,6 @@
 //! can be fenced: a stale holder's messages on an upgraded connection reach
 //! the upstream. Refused by default (501); `docs/gate.md` says when to pass.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,7 +15,7 @@ use hyper_util::rt::TokioIo;
 
 use crate::body::{GateBody, Upstream};
 use crate::exchange::{Shared, UpstreamOutcome};
-use crate::forward::Forwarder;
+use crate::forward::{Forwarder, Peer};
 use crate::problem::GateProblem;
 
 /// Forwards an upgrade request and, on 101, joins the two connections.
@@ -24,7 +23,7 @@ pub(crate) async fn pass(
     shared: Arc<Shared>,
     forwarder: &Forwarder,
     mut request: Request<Incoming>,
-    peer: SocketAddr,
+    peer: &Peer,
 ) -> Response<GateBody> {
     let protocol = request.headers().get(header::UPGRADE).cloned();
     let client_side = hyper::upgrade::on(&mut request);

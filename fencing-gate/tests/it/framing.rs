@@ -51,14 +51,16 @@ async fn differing_content_lengths_obs_fold_and_unknown_codings_are_refused() {
 #[tokio::test]
 async fn oversized_heads_get_431() {
     let upstream = Upstream::start();
-    let gate = Gate::one_line(&upstream.url());
-    let many: String = (0..101).map(|i| format!("X-H{i}: v\r\n")).collect();
-    let answer = raw(
-        &gate,
-        format!("POST /s HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\n{many}Connection: close\r\n\r\n")
-            .as_bytes(),
-    );
+    let gate = Gate::start(&upstream.url(), "[limits]\nmax_header_count = 20");
+    let fields = |n: usize| -> String { (0..n).map(|i| format!("X-H{i}: v\r\n")).collect() };
+    let head = |fields: String| {
+        format!("POST /s HTTP/1.1\r\nHost: x\r\nFencing-Token: 5\r\n{fields}Connection: close\r\n\r\n")
+    };
+    let answer = raw(&gate, head(fields(20)).as_bytes());
     assert!(answer.starts_with("HTTP/1.1 431") && answer.contains("headers-too-large"), "{answer}");
+    // Past 100 fields hyper's parser refuses the head itself: 431, without a body.
+    let answer = raw(&gate, head(fields(101)).as_bytes());
+    assert!(answer.starts_with("HTTP/1.1 431"), "{answer}");
     let big = "a".repeat(40 * 1024);
     let answer = raw(
         &gate,

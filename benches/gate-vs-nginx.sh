@@ -349,7 +349,10 @@ dirty=$(git status --porcelain -- fencing-gate fencing-layer)
 echo "$(date -u '+%F %T UTC'), $(git rev-parse --short HEAD)${dirty:+ (fencing-gate/fencing-layer with uncommitted changes)}"
 echo "servers on CPU $SERVER_CPUS (nginx worker_processes $WORKERS, TOKIO_WORKER_THREADS=$WORKERS for the gates,"
 echo "  upstream threads $WORKERS), fencing-load on CPU $CLIENT_CPUS (1 client thread); $(nproc --all) CPUs"
-echo "gate tokio workers: $(cat /proc/"${pids[fenced]}"/task/*/comm | grep -cE '^tokio-(rt-worker|runtime-w)'),"\
+# With one thread the gate runs a current-thread runtime (no worker threads: the main
+# thread serves); with more, tokio's workers.
+workers=$(cat /proc/"${pids[fenced]}"/task/*/comm | grep -cE '^tokio-(rt-worker|runtime-w)' || true)
+echo "gate serving threads: $([[ $workers == 0 ]] && echo "1 (current-thread runtime)" || echo "$workers"),"\
   "nginx workers: $(pgrep -c -P "${pids[nginx]}")"
 echo "POST /logs/load-$RUN_ID-{0..$((KEYS - 1))}, Fencing-Token: 1, 16-byte body; $CONNECTIONS connections,"
 echo "  closed loop, $ROUNDS rounds x $DURATION s per target, interleaved, after a ${WARMUP_S} s warm-up each"

@@ -12,7 +12,8 @@ one line to JOURNAL, after its body has been read and any delay has passed:
 
 (start and end in seconds since the epoch, to the microsecond). A query of
 delay_ms=N holds the request N ms before it is recorded and answered, as a
-slow write does; close=1 records the write and closes the connection without
+slow write does; slow_answer=1 answers in two chunks a second apart and then
+journals "ANSWERED" for it; close=1 records the write and closes the connection without
 an answer. Bodies may be chunked; a request's trailers are recorded after its
 body, as " [trailer NAME: VALUE]". GET /headers answers the request's headers
 as JSON; GET /trailers a chunked body with a trailer; GET /stream two
@@ -98,7 +99,27 @@ class Handler(BaseHTTPRequestHandler):
             self.connection.shutdown(2)  # no answer at all
             return
         self.record(start, token, body)
+        if "slow_answer" in query:
+            return self.slow_answer(token)
         self.answer(200, ("recorded %s\n" % token).encode())
+
+    def slow_answer(self, token):
+        """Answers in two chunks a second apart, then journals ANSWERED."""
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            for part in (b"recorded\n", b"%s\n" % token.encode()):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part))
+                self.wfile.flush()
+                time.sleep(1)
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        finally:
+            with LOCK:
+                with open(JOURNAL, "a") as journal:
+                    journal.write("%.6f %.6f ANSWERED %s token=%s \n" % (
+                        time.time(), time.time(), urlsplit(self.path).path, token))
 
     def record(self, start, token, body):
         line = "%.6f %.6f %s %s token=%s %s\n" % (

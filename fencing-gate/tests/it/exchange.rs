@@ -182,3 +182,26 @@ async fn a_client_that_leaves_mid_body_leaves_its_key_quarantined() {
     let b_write = upstream.writes().into_iter().find(|w| w.token == "6").expect("B's write");
     assert!(b_write.start >= left + 1.0, "B entered {:.3} s after A left mid-body", b_write.start - left);
 }
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_response_keeps_its_place_until_the_response_ends() {
+    let upstream = Upstream::start();
+    let gate = Gate::one_line(&upstream.url());
+    let mut a = start_write(&gate, "/files/body?slow_answer=1", 5, "A");
+    // The head and the first chunk arrive, then A's client goes.
+    let mut first = [0; 64];
+    let read = a.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..read]).starts_with("HTTP/1.1 200"));
+    drop(a);
+    let b = send(&gate, "POST", "/files/body", Some(6), "B").await;
+    assert_eq!(b.status, 200, "{b:?}");
+    let writes = upstream.writes();
+    let answered = writes.iter().find(|w| w.method == "ANSWERED").expect("A's answer ended");
+    let b_write = writes.iter().find(|w| w.token == "6").expect("B's write");
+    assert!(
+        answered.end <= b_write.start,
+        "B's write started at {} before A's response ended at {}",
+        b_write.start,
+        answered.end
+    );
+}

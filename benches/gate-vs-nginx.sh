@@ -159,7 +159,7 @@ http {
   fastcgi_temp_path $tmp/nginx-fastcgi;
   uwsgi_temp_path $tmp/nginx-uwsgi;
   scgi_temp_path $tmp/nginx-scgi;
-  # fencing-load never reconnects: a connection nginx closes is lost for the round.
+  # A connection nginx closes costs fencing-load a reconnect (counted apart): none here.
   keepalive_requests 1000000;
   keepalive_timeout 300s;
   upstream backend {

@@ -292,3 +292,27 @@ async fn serve_only_serves_the_fenced_stand_in_for_another_load_generator() {
     assert_eq!(run.code, Some(1), "{}", run.stderr);
     assert!(run.stderr.contains("not a loopback address"), "{}", run.stderr);
 }
+
+#[tokio::test]
+async fn a_target_that_closes_connections_between_requests_gets_new_ones_not_errors() {
+    // As nginx does after `keepalive_requests`: every fifth answer says `Connection: close`.
+    static ANSWERED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    async fn append() -> axum::response::Response {
+        let mut response = axum::response::IntoResponse::into_response("ok");
+        if ANSWERED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 5 == 4 {
+            response.headers_mut().insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+        }
+        response
+    }
+    let addr = serve(Router::new().route("/logs/{key}", post(append))).await;
+    let url = format!("http://{addr}");
+    let args = [&["--url", &url, "--connections", "4"][..], &ONE_SECOND].concat();
+    let run = fencing_load(&args).await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let (answered, reconnects) =
+        (f64_at(&run.json, "/targets/0/status_2xx"), f64_at(&run.json, "/targets/0/reconnects"));
+    assert_eq!(f64_at(&run.json, "/targets/0/errors"), 0.0, "{}", run.stderr);
+    // Without reconnecting, each connection would stop after its fifth answer.
+    assert!(answered > 100.0, "{answered} answers");
+    assert!(reconnects >= answered / 5.0 - 8.0, "{reconnects} reconnects for {answered} answers");
+}

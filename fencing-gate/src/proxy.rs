@@ -1,6 +1,6 @@
 //! [`Proxy`]: the service the layer wraps. It sends each request upstream:
 //! an unfenced one in its own future, a fenced one on a task that owns the
-//! request's place inside ([`exchange`](crate::exchange)).
+//! request's place inside ([`exchange`]).
 
 use std::convert::Infallible;
 use std::future::Future;

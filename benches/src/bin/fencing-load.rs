@@ -307,6 +307,13 @@ fn report(
     let outcome = &measured.outcome;
     report::print(&outcome.rows, outcome.ratios.as_ref());
     println!("load average: start {}, end {}", measured.loadavg_start, measured.loadavg_end);
+    for row in outcome.rows.iter().filter(|row| row.reconnects > 0) {
+        println!(
+            "{}: the target closed {} connections between requests; fencing-load opened new ones \
+             (not errors; each cost a handshake)",
+            row.target, row.reconnects
+        );
+    }
     let conclusion = Conclusion {
         invalid: validity::invalid(&outcome.rows, args.max_other_share),
         warnings: validity::warnings(

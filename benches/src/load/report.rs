@@ -59,6 +59,8 @@ pub struct RoundRow {
     pub status_other: u64,
     /// Requests without an answer (connection refused or dropped, timeout).
     pub errors: u64,
+    /// Connections the target closed between requests, replaced ([`Tally::reconnects`]).
+    pub reconnects: u64,
 }
 
 impl RoundRow {
@@ -87,6 +89,7 @@ impl RoundRow {
             status_400: tally.bad_request,
             status_other: tally.other_status,
             errors: tally.errors,
+            reconnects: tally.reconnects,
         }
     }
 
@@ -105,7 +108,7 @@ impl RoundRow {
         };
         format!(
             "round {}/{rounds} {:<9} {:>9.0} req/s  p50 {:>7.1} us  p99 {:>7.1} us  p99.9 {:>7.1} us{corrected}{lag}  \
-             server {:>9} CPU/req  2xx {} 409 {} 400 {} other {} errors {}  load {loadavg}",
+             server {:>9} CPU/req  2xx {} 409 {} 400 {} other {} errors {}{}  load {loadavg}",
             self.round,
             self.target,
             self.requests_per_s,
@@ -118,6 +121,7 @@ impl RoundRow {
             self.status_400,
             self.status_other,
             self.errors,
+            if self.reconnects > 0 { format!(" reconnects {}", self.reconnects) } else { String::new() },
         )
     }
 }
@@ -196,6 +200,8 @@ pub struct TargetRow {
     pub errors: u64,
     /// Of `errors`: connections that could not be opened.
     pub connect_errors: u64,
+    /// Connections the target closed between requests, replaced ([`Tally::reconnects`]).
+    pub reconnects: u64,
     /// The connections of each round.
     pub connections: u32,
     /// Open loop: slots never sent because the target was too slow.
@@ -233,6 +239,7 @@ impl TargetRow {
             status_other_by_code: tally.other_by_status.clone(),
             errors: tally.errors,
             connect_errors: tally.connect_errors,
+            reconnects: tally.reconnects,
             connections,
             missed: tally.missed,
         }

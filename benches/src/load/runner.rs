@@ -269,7 +269,9 @@ async fn connection(
         tally.connect_errors += 1;
         return tally;
     };
-    let mut driver = std::pin::pin!(driver);
+    // Boxed, so that a reconnect can put a new one in its place.
+    let mut driver = Box::pin(driver);
+    let mut live = true;
     let connections = u64::from(plan.connections);
     let mut rng = schedule.rng(conn);
     // The first token of the key this connection wrote last, as a header (most requests carry it).
@@ -314,6 +316,27 @@ async fn connection(
             Token::Stale => HeaderValue::from_static(STALE_TOKEN),
             Token::Malformed => HeaderValue::from_static(MALFORMED_TOKEN),
         };
+        // A connection the target closed since the last answer is replaced, as wrk does:
+        // nothing was sent on it, so nothing is lost but the handshake. (A driver that
+        // has finished is never polled again.)
+        if live {
+            live = tokio::select! {
+                // The driver first: a `Connection: close` answer ends it only once it is polled,
+                // and until then the sender still says ready.
+                biased;
+                _ = driver.as_mut() => false,
+                ready = sender.ready() => ready.is_ok(),
+            };
+        }
+        if !live {
+            let Ok((new_sender, new_driver)) = connect(*addr).await else {
+                tally.errors += 1;
+                tally.connect_errors += 1;
+                break;
+            };
+            (sender, driver, live) = (new_sender, Box::pin(new_driver), true);
+            tally.reconnects += 1;
+        }
         let request = plan.request(host, target.template.expand(conn, seq, schedule.key(conn, seq)), token);
         let sent = Instant::now();
         let exchange = async {
@@ -324,16 +347,32 @@ async fn connection(
             Some(status)
         };
         let driven = async {
+            let mut exchange = std::pin::pin!(exchange);
             tokio::select! {
                 biased;
-                status = exchange => status,
-                // The connection closed (or failed) before the answer was whole.
-                _ = driver.as_mut() => None,
+                status = &mut exchange => (status, true),
+                // The connection ended (a `Connection: close` answer, or a failure): what it
+                // delivered first is still read; an answer cut short is an error.
+                _ = driver.as_mut() => (exchange.await, false),
             }
         };
-        let Ok(Some(status)) = tokio::time::timeout_at((window.end + GRACE).into(), driven).await else {
-            tally.errors += 1;
-            break;
+        let status = match tokio::time::timeout_at((window.end + GRACE).into(), driven).await {
+            Ok((status, still_live)) => {
+                live = still_live;
+                match status {
+                    Some(status) => status,
+                    // Broken mid-exchange: an error; the next request reconnects.
+                    None => {
+                        tally.errors += 1;
+                        live = false;
+                        continue;
+                    }
+                }
+            }
+            Err(_) => {
+                tally.errors += 1;
+                break;
+            }
         };
         let answered = Instant::now();
         tally.all_requests += 1;

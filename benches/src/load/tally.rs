@@ -45,6 +45,10 @@ pub struct Tally {
     pub errors: u64,
     /// Of `errors`: connections that could not be opened (refused, most often).
     pub connect_errors: u64,
+    /// Connections the target closed between requests (nginx after
+    /// `keepalive_requests`, a load balancer's idle bound), replaced by new
+    /// ones, as wrk does: not errors, but each costs a handshake.
+    pub reconnects: u64,
     /// Every request answered, warm-up included.
     pub all_requests: u64,
     /// Open loop: requests whose slot came before the end of the round but
@@ -77,6 +81,7 @@ impl Tally {
             other_by_status: BTreeMap::new(),
             errors: 0,
             connect_errors: 0,
+            reconnects: 0,
             all_requests: 0,
             missed: 0,
         }
@@ -96,6 +101,7 @@ impl Tally {
         }
         self.errors += other.errors;
         self.connect_errors += other.connect_errors;
+        self.reconnects += other.reconnects;
         self.all_requests += other.all_requests;
         self.missed += other.missed;
     }

@@ -1,47 +1,5 @@
 //! [`HeldPlace`]: an admitted request's place inside, handed to the inner
 //! service for work that outlives its response future.
-//!
-//! The layer keeps a request inside until the inner service's response future
-//! completes or is dropped. Some work outlives that future: a reverse proxy's
-//! upstream exchange goes on after the client has gone (hyper drops the
-//! service future then) and until the upstream's response has been read to
-//! the end. With [`FencingLayer::hand_over_places`](crate::FencingLayer::hand_over_places)
-//! the layer puts the place into the request's extensions instead of keeping
-//! it, and the next holder is let in once every clone of it has been dropped,
-//! whenever that is:
-//!
-//! ```
-//! use std::convert::Infallible;
-//! use fencing_layer::{FencingLayer, future::HeldPlace};
-//! use http::{Request, Response};
-//! use tower::{Service, ServiceExt, service_fn};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() {
-//! let layer = FencingLayer::new().hand_over_places(true);
-//! let store = layer.mark_store().clone();
-//! let mut service = tower::ServiceBuilder::new().layer(layer).service(service_fn(
-//!     |request: Request<String>| async move {
-//!         let place = request.extensions().get::<HeldPlace>().cloned();
-//!         // The write goes on in a task of its own, which keeps the place.
-//!         tokio::spawn(async move {
-//!             let _place = place;
-//!             tokio::task::yield_now().await;
-//!         });
-//!         Ok::<_, Infallible>(Response::new(String::new()))
-//!     },
-//! ));
-//! let request = Request::post("/logs/a").header("fencing-token", "7").body(String::new()).unwrap();
-//! let response = service.ready().await.unwrap().call(request).await.unwrap();
-//! assert_eq!(response.status(), 200);
-//! assert_eq!(store.mark("/logs/a"), Some(7));
-//! # }
-//! ```
-//!
-//! Whoever holds a clone answers for the request's work from then on: it must
-//! keep the place until that work has ended, and stop the work when a shared
-//! store takes the place back ([`HeldPlace::revoked`]). The cancel policy does
-//! not apply to a handed-over place: the layer no longer holds the work.
 
 use std::fmt;
 use std::future::poll_fn;
@@ -57,7 +15,49 @@ use super::Place;
 
 /// An admitted request's place inside, in its extensions when the layer hands
 /// places over. Clones share the one place: the request counts as inside until
-/// the last clone is dropped. See the [module docs](self).
+/// the last clone is dropped.
+///
+/// The layer keeps a request inside until the inner service's response future
+/// completes or is dropped. Some work outlives that future: a reverse proxy's
+/// upstream exchange goes on after the client has gone (hyper drops the
+/// service future then) and until the upstream's response has been read to
+/// the end. With [`FencingLayer::hand_over_places`](crate::FencingLayer::hand_over_places)
+/// the layer puts the place into the request's extensions instead of keeping
+/// it, and the next holder is let in once every clone of it has been dropped,
+/// whenever that is:
+///
+/// ```
+/// use std::convert::Infallible;
+/// use fencing_layer::{FencingLayer, future::HeldPlace};
+/// use http::{Request, Response};
+/// use tower::{Service, ServiceExt, service_fn};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = FencingLayer::new().hand_over_places(true);
+/// let store = layer.mark_store().clone();
+/// let mut service = tower::ServiceBuilder::new().layer(layer).service(service_fn(
+///     |request: Request<String>| async move {
+///         let place = request.extensions().get::<HeldPlace>().cloned();
+///         // The write goes on in a task of its own, which keeps the place.
+///         tokio::spawn(async move {
+///             let _place = place;
+///             tokio::task::yield_now().await;
+///         });
+///         Ok::<_, Infallible>(Response::new(String::new()))
+///     },
+/// ));
+/// let request = Request::post("/logs/a").header("fencing-token", "7").body(String::new()).unwrap();
+/// let response = service.ready().await.unwrap().call(request).await.unwrap();
+/// assert_eq!(response.status(), 200);
+/// assert_eq!(store.mark("/logs/a"), Some(7));
+/// # }
+/// ```
+///
+/// Whoever holds a clone answers for the request's work from then on: it must
+/// keep the place until that work has ended, and stop the work when a shared
+/// store takes the place back ([`HeldPlace::revoked`]). The cancel policy does
+/// not apply to a handed-over place: the layer no longer holds the work.
 #[derive(Clone)]
 pub struct HeldPlace(Arc<Held>);
 

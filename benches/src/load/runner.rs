@@ -334,7 +334,7 @@ async fn connection(
                 tally.connect_errors += 1;
                 break;
             };
-            (sender, driver, live) = (new_sender, Box::pin(new_driver), true);
+            (sender, driver) = (new_sender, Box::pin(new_driver));
             tally.reconnects += 1;
         }
         let request = plan.request(host, target.template.expand(conn, seq, schedule.key(conn, seq)), token);

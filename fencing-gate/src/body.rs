@@ -16,6 +16,7 @@ use hyper::body::Incoming;
 use tokio::time::Sleep;
 
 use crate::exchange::Shared;
+use crate::upstream::Sender;
 
 /// The error of a body the gate streams: the upstream's, or its silence past the bound.
 pub type BodyError = Box<dyn StdError + Send + Sync>;
@@ -74,23 +75,34 @@ impl Body for GateBody {
 pub struct Upstream {
     body: Option<Incoming>,
     place: Option<HeldPlace>,
+    /// The connection the body comes on: back to the pool once it has been read to the end.
+    connection: Option<Sender>,
     silence: Option<Pin<Box<Sleep>>>,
     shared: Arc<Shared>,
 }
 
 impl Upstream {
-    pub(crate) fn new(body: Incoming, place: Option<HeldPlace>, shared: Arc<Shared>) -> Self {
-        let mut upstream = Self { body: Some(body), place, silence: None, shared };
+    pub(crate) fn new(
+        body: Incoming,
+        place: Option<HeldPlace>,
+        connection: Sender,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let mut upstream =
+            Self { body: Some(body), place, connection: Some(connection), silence: None, shared };
         if upstream.body.as_ref().is_some_and(Body::is_end_stream) {
             upstream.finish();
         }
         upstream
     }
 
-    /// The exchange ended: the place goes.
+    /// The exchange ended: the place goes, the connection is free for another.
     fn finish(&mut self) {
         self.body = None;
         self.place = None;
+        if let Some(connection) = self.connection.take() {
+            self.shared.pool.put(connection);
+        }
     }
 
     /// The exchange ended without an answer we can trust.
@@ -116,6 +128,7 @@ impl Body for Upstream {
             // The gate lost its claim on the key: the exchange stops here.
             this.body = None;
             this.place = None;
+            this.connection = None;
             return Poll::Ready(Some(Err("this gate lost its claim on the key mid-response".into())));
         }
         match Pin::new(body).poll_frame(cx) {
@@ -160,20 +173,26 @@ impl Drop for Upstream {
         let (Some(body), Some(place)) = (self.body.take(), self.place.take()) else { return };
         // The client left mid-body: read the rest, then let the place go.
         let shared = Arc::clone(&self.shared);
+        let connection = self.connection.take();
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let tracker = shared.tasks.clone();
-            runtime.spawn(tracker.track_future(drain(body, place, shared)));
+            runtime.spawn(tracker.track_future(drain(body, place, connection, shared)));
         }
     }
 }
 
 /// Reads `body` to its end, each wait bounded, holding `place` until then (or
 /// for the quarantine, if the upstream breaks off).
-async fn drain(mut body: Incoming, place: HeldPlace, shared: Arc<Shared>) {
+async fn drain(mut body: Incoming, place: HeldPlace, connection: Option<Sender>, shared: Arc<Shared>) {
     let bound = shared.timeouts.upstream();
     loop {
         match tokio::time::timeout(bound, body.frame()).await {
-            Ok(None) => return,
+            Ok(None) => {
+                if let Some(connection) = connection {
+                    shared.pool.put(connection);
+                }
+                return;
+            }
             Ok(Some(Ok(_))) => {}
             Ok(Some(Err(_))) | Err(_) => return shared.quarantine(place),
         }

@@ -3,9 +3,10 @@
 //!
 //! hyper drops a request's service future when its client goes away. The
 //! layer would then let the next holder in while the upstream may still be
-//! applying the write; so a fenced request's exchange runs on a task of its
-//! own, which owns the place ([`HeldPlace`]), and the service future only
-//! waits for its response head. The place goes when the exchange has ended:
+//! applying the write; so a fenced request's exchange owns the place
+//! ([`HeldPlace`]), and should hyper drop it before the response head, what is
+//! left of it goes on, on a task of its own (no task is spawned otherwise).
+//! The place goes when the exchange has ended:
 //!
 //! | how it ended | the place |
 //! |---|---|
@@ -23,20 +24,18 @@ use std::sync::Arc;
 use fencing_layer::future::HeldPlace;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use tokio::sync::oneshot;
 use tokio_util::task::TaskTracker;
 
 use crate::body::{GateBody, Upstream};
 use crate::config::Timeouts;
 use crate::metrics::GateMetrics;
 use crate::problem::GateProblem;
+use crate::upstream::{Pool, SendError};
 
-/// What every request's exchange shares: the client, the bounds, the metrics,
-/// and the tracker of tasks that shutdown waits for.
+/// What every request's exchange shares: the upstream's connections, the
+/// bounds, the metrics, and the tracker of tasks that shutdown waits for.
 pub(crate) struct Shared {
-    pub(crate) client: Client<HttpConnector, Incoming>,
+    pub(crate) pool: Pool,
     pub(crate) timeouts: Timeouts,
     pub(crate) metrics: GateMetrics,
     pub(crate) tasks: TaskTracker,
@@ -73,36 +72,29 @@ pub(crate) async fn unfenced(shared: Arc<Shared>, request: Request<Incoming>) ->
     }
 }
 
-/// Sends a fenced request on a task that owns `place` until the exchange ends,
-/// and returns the upstream's answer; the task goes on if this is dropped.
+/// Sends a fenced request, holding `place` until the exchange has ended, and
+/// returns the upstream's answer. Its caller runs it to its end even if the
+/// client leaves ([`ProxyFuture`](crate::proxy::ProxyFuture)).
 pub(crate) async fn fenced(
     shared: Arc<Shared>,
     request: Request<Incoming>,
     place: HeldPlace,
 ) -> Response<GateBody> {
-    let (answer, answered) = oneshot::channel();
-    let task = Arc::clone(&shared);
-    shared.tasks.spawn(async move {
-        let revoked = place.clone();
-        let response = tokio::select! {
-            biased;
-            () = revoked.revoked() => Err((GateProblem::ClaimLost, "this gate lost its claim on the key".into(), false)),
-            result = exchange(&task, request, Some(place.clone())) => result,
-        };
-        let response = match response {
-            Ok(response) => response,
-            Err((problem, detail, sent)) => {
-                if sent {
-                    task.quarantine(place);
-                }
-                problem.response(detail)
+    let revoked = place.clone();
+    let response = tokio::select! {
+        biased;
+        () = revoked.revoked() => Err((GateProblem::ClaimLost, "this gate lost its claim on the key".into(), false)),
+        result = exchange(&shared, request, Some(place.clone())) => result,
+    };
+    match response {
+        Ok(response) => response,
+        Err((problem, detail, sent)) => {
+            if sent {
+                shared.quarantine(place);
             }
-        };
-        // A client that left drops the receiver: the response, and with it
-        // the upstream body (which reads itself to the end), is dropped here.
-        let _ = answer.send(response);
-    });
-    answered.await.unwrap_or_else(|_| GateProblem::ShuttingDown.response("the exchange was stopped"))
+            problem.response(detail)
+        }
+    }
 }
 
 /// A failed exchange: the refusal, its detail, and whether request bytes may have reached the upstream.
@@ -114,17 +106,13 @@ async fn exchange(
     place: Option<HeldPlace>,
 ) -> Result<Response<GateBody>, Failure> {
     let bound = shared.timeouts.upstream();
-    let response = match tokio::time::timeout(bound, shared.client.request(request)).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) if error.is_connect() => {
+    let (response, sender) = match tokio::time::timeout(bound, shared.pool.send(request)).await {
+        Ok(Ok(answered)) => answered,
+        Ok(Err(SendError::Connect(error))) => {
             shared.metrics.upstream(UpstreamOutcome::Unreachable);
-            return Err((
-                GateProblem::Unreachable,
-                format!("no connection to the upstream: {}", cause(&error)),
-                false,
-            ));
+            return Err((GateProblem::Unreachable, format!("no connection to the upstream: {error}"), false));
         }
-        Ok(Err(error)) => {
+        Ok(Err(SendError::Sent(error))) => {
             shared.metrics.upstream(UpstreamOutcome::Broke);
             let detail =
                 format!("the upstream connection failed after the request was sent: {}", cause(&error));
@@ -139,7 +127,8 @@ async fn exchange(
     shared.metrics.upstream(UpstreamOutcome::Answered);
     let (mut head, body) = response.into_parts();
     crate::forward::strip_hop_by_hop(&mut head.headers);
-    Ok(Response::from_parts(head, GateBody::Upstream(Upstream::new(body, place, Arc::clone(shared)))))
+    let body = Upstream::new(body, place, sender, Arc::clone(shared));
+    Ok(Response::from_parts(head, GateBody::Upstream(body)))
 }
 
 /// The innermost cause of a client error, which says what happened ("connection refused").

@@ -18,6 +18,7 @@ use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::PathAndQuery;
 use http::{Request, Uri, Version};
 use percent_encoding::percent_decode_str;
 
@@ -29,21 +30,46 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
+/// The hop-by-hop fields (RFC 9110 §7.6.1), whatever `Connection` names.
+const HOP_BY_HOP: [HeaderName; 6] = [
+    header::CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Whether `name` is one of [`HOP_BY_HOP`], without building the array: the
+/// standard names compare as numbers, the two others as text.
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    name == header::CONNECTION
+        || name == header::TE
+        || name == header::TRANSFER_ENCODING
+        || name == header::UPGRADE
+        || matches!(name.as_str(), "keep-alive" | "proxy-connection")
+}
+
+/// Whether `headers` holds a hop-by-hop field. One pass over the names costs
+/// less than the six removals it spares most messages (each hashes its name).
+fn has_hop_by_hop(headers: &HeaderMap) -> bool {
+    headers.keys().any(is_hop_by_hop)
+}
+
 /// Removes the hop-by-hop fields and those `Connection` names.
 pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    if has_hop_by_hop(headers) {
+        remove_hop_by_hop(headers);
+    }
+}
+
+fn remove_hop_by_hop(headers: &mut HeaderMap) {
     if let Some(named) = connection_names(headers) {
         for name in named {
             headers.remove(name);
         }
     }
-    for name in [
-        header::CONNECTION,
-        KEEP_ALIVE,
-        PROXY_CONNECTION,
-        header::TE,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
+    for name in HOP_BY_HOP {
         headers.remove(name);
     }
 }
@@ -137,38 +163,48 @@ pub(crate) fn decode_path(path: &str) -> Option<Cow<'_, str>> {
     percent_decode_str(path).decode_utf8().ok()
 }
 
-/// Where requests go, and whose forwarding headers are believed.
+/// Whose forwarding headers are believed.
 #[derive(Debug, Clone)]
 pub(crate) struct Forwarder {
-    upstream: Uri,
     trusted: Vec<Cidr>,
 }
 
 impl Forwarder {
-    pub(crate) fn new(upstream: Uri, trusted: Vec<Cidr>) -> Self {
-        Self { upstream, trusted }
+    pub(crate) fn new(trusted: Vec<Cidr>) -> Self {
+        Self { trusted }
     }
 
     /// Turns a client's request into the upstream's.
     pub(crate) fn rewrite<B>(&self, request: &mut Request<B>, peer: &Peer) {
         let headers = request.headers_mut();
-        let trailers = accepts_trailers(headers);
-        strip_hop_by_hop(headers);
-        if trailers {
-            // The gate passes trailers on, so it may say it takes them, as its client did.
-            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        // What is there, in one pass over the names: most requests have none of these.
+        let (mut hop_by_hop, mut expect) = (false, false);
+        for name in headers.keys() {
+            hop_by_hop |= is_hop_by_hop(name);
+            expect |= name == header::EXPECT;
         }
-        headers.remove(header::EXPECT);
+        if hop_by_hop {
+            let trailers = accepts_trailers(headers);
+            remove_hop_by_hop(headers);
+            if trailers {
+                // The gate passes trailers on, so it may say it takes them, as its client did.
+                headers.insert(header::TE, HeaderValue::from_static("trailers"));
+            }
+        }
+        if expect {
+            headers.remove(header::EXPECT);
+        }
         Self::forwarded(headers, peer);
-        // An HTTP/2 request names its host in the URI: HTTP/1.1 wants it in `Host`.
-        let authority = request.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
-        if let (false, Some(host)) = (request.headers().contains_key(header::HOST), authority) {
-            request.headers_mut().insert(header::HOST, host);
-        }
-        let mut parts = self.upstream.clone().into_parts();
-        parts.path_and_query = request.uri().path_and_query().cloned();
-        if let Ok(uri) = Uri::from_parts(parts) {
-            *request.uri_mut() = uri;
+        if let Some(authority) = request.uri().authority() {
+            // An HTTP/2 request names its host in the URI: HTTP/1.1 wants it in `Host`.
+            let host = HeaderValue::from_str(authority.as_str()).ok();
+            if let (false, Some(host)) = (request.headers().contains_key(header::HOST), host) {
+                request.headers_mut().insert(header::HOST, host);
+            }
+            // Origin form (`/path?query`), as HTTP/1.1 sends it to an origin server.
+            let origin =
+                request.uri().path_and_query().cloned().unwrap_or_else(|| PathAndQuery::from_static("/"));
+            *request.uri_mut() = Uri::from(origin);
         }
         *request.version_mut() = Version::HTTP_11;
     }
@@ -258,8 +294,7 @@ mod tests {
 
     #[test]
     fn forwarding_headers_are_kept_only_from_trusted_hops() {
-        let forwarder =
-            Forwarder::new("http://127.0.0.1:1".parse().unwrap(), vec!["10.0.0.0/8".parse().unwrap()]);
+        let forwarder = Forwarder::new(vec!["10.0.0.0/8".parse().unwrap()]);
         let request = || {
             Request::post("/x")
                 .header("x-forwarded-for", "6.6.6.6")
@@ -275,7 +310,7 @@ mod tests {
         forwarder.rewrite(&mut from_balancer, &forwarder.peer("10.1.2.3:5000".parse().unwrap()));
         assert_eq!(from_balancer.headers()["x-forwarded-for"], "6.6.6.6, 10.1.2.3");
         assert_eq!(from_balancer.headers()["forwarded"], "for=6.6.6.6, for=10.1.2.3;proto=http");
-        assert_eq!(from_balancer.uri(), "http://127.0.0.1:1/x");
+        assert_eq!(from_balancer.uri(), "/x");
         let mut v6 = request();
         forwarder.rewrite(&mut v6, &forwarder.peer("[2001:db8::1]:5000".parse().unwrap()));
         assert_eq!(v6.headers()["forwarded"], "for=\"[2001:db8::1]\";proto=http");

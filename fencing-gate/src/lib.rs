@@ -39,15 +39,13 @@ mod proxy;
 mod routes;
 mod server;
 mod tunnel;
+mod upstream;
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::net::TcpListener;
 use tokio_util::task::TaskTracker;
 
@@ -73,7 +71,7 @@ impl std::fmt::Debug for Gate {
 
 impl Gate {
     /// Opens the marks `config` names (a database or cluster out of reach is
-    /// an error now, not 503s later) and builds the upstream client. Install a
+    /// an error now, not 503s later) and readies the upstream pool. Install a
     /// `metrics` recorder before, for the gate's series to reach it.
     ///
     /// # Errors
@@ -81,17 +79,8 @@ impl Gate {
     /// The marks could not be opened, or the verifier's key read; in words.
     pub async fn new(config: &GateConfig) -> Result<Self, String> {
         let layer = marks::layer(config).await?;
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(config.timeouts.connect()));
-        connector.set_nodelay(true);
-        // hyper-util resends a request only when hyper handed it back unsent (a
-        // pooled connection found closed before the request was written).
-        let client = Client::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build(connector);
         let shared = Arc::new(Shared {
-            client,
+            pool: upstream::Pool::new(&config.upstream, config.timeouts.connect()),
             timeouts: config.timeouts.clone(),
             metrics: metrics::GateMetrics::new(),
             tasks: TaskTracker::new(),
@@ -99,7 +88,7 @@ impl Gate {
         let fenced = tower_layer::Layer::layer(&layer, Proxy { shared: Arc::clone(&shared) });
         let front = Front {
             fenced,
-            forwarder: Forwarder::new(config.upstream.clone(), config.forwarding.trusted_hops.clone()),
+            forwarder: Forwarder::new(config.forwarding.trusted_hops.clone()),
             limits: config.limits.clone(),
             upgrades: config.forwarding.upgrades,
             shared,

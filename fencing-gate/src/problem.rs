@@ -30,8 +30,6 @@ pub(crate) enum GateProblem {
     UpgradeRefused,
     /// A `CONNECT` request: the gate is a reverse proxy, not a forward one (501).
     ConnectRefused,
-    /// The gate is shutting down (503).
-    ShuttingDown,
     /// The store took the request's place back mid-exchange (a gate losing its
     /// replica claim): the exchange was stopped (503).
     ClaimLost,
@@ -54,7 +52,6 @@ impl GateProblem {
             }
             Self::UpgradeRefused => (StatusCode::NOT_IMPLEMENTED, "upgrade-refused", "Upgrade refused"),
             Self::ConnectRefused => (StatusCode::NOT_IMPLEMENTED, "connect-refused", "CONNECT refused"),
-            Self::ShuttingDown => (StatusCode::SERVICE_UNAVAILABLE, "shutting-down", "Shutting down"),
             Self::ClaimLost => (StatusCode::SERVICE_UNAVAILABLE, "claim-lost", "Claim lost"),
         }
     }
@@ -63,7 +60,7 @@ impl GateProblem {
     pub(crate) fn response(self, detail: impl Into<String>) -> Response<GateBody> {
         let (status, kind, title) = self.parts();
         let mut problem = Problem::new(status, kind, title).detail(detail);
-        if matches!(self, Self::Unreachable | Self::ShuttingDown | Self::ClaimLost) {
+        if matches!(self, Self::Unreachable | Self::ClaimLost) {
             problem = problem.retry_after(Duration::from_secs(1));
         }
         let mut response: Response<GateBody> = problem.response();

@@ -5,7 +5,7 @@ use std::convert::Infallible;
 use std::future::{Future, Ready, ready};
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use fencing_layer::Fencing;
@@ -17,8 +17,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use pin_project_lite::pin_project;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
-use tower::ServiceExt;
-use tower::util::Oneshot;
+use tower_service::Service;
 
 use crate::body::GateBody;
 use crate::config::{Limits, Upgrades};
@@ -52,7 +51,7 @@ pin_project! {
     #[project = AnswerProj]
     enum Answer {
         Now { #[pin] response: Ready<Result<Response<GateBody>, Infallible>> },
-        Fenced { #[pin] call: Oneshot<Fencing<Proxy, RouteKeys>, Request<Incoming>> },
+        Fenced { #[pin] call: <Fencing<Proxy, RouteKeys> as Service<Request<Incoming>>>::Future },
         Tunnel { tunnel: Tunnel },
     }
 }
@@ -94,7 +93,12 @@ impl hyper::service::Service<Request<Incoming>> for Connection {
             return Answer::Tunnel { tunnel: Box::pin(tunnel) };
         }
         front.forwarder.rewrite(&mut request, &self.peer);
-        Answer::Fenced { call: front.fenced.clone().oneshot(request) }
+        let mut fenced = front.fenced.clone();
+        // The layer's readiness is the proxy's, which is always ready: asked, as
+        // tower's contract wants, without a wait to wire up.
+        let ready = fenced.poll_ready(&mut Context::from_waker(Waker::noop()));
+        debug_assert!(ready.is_ready());
+        Answer::Fenced { call: fenced.call(request) }
     }
 }
 
@@ -110,13 +114,16 @@ pub(crate) async fn serve(
     // hyper's own limits sit at or above the gate's, so that the gate answers
     // oversized headers itself (431 problem+json); past these, hyper does (431, bare).
     let limits = &front.limits;
-    builder
-        .http1()
+    let mut http1 = builder.http1();
+    http1
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30))
-        // 100, hyper's default, parses into a buffer on the stack; more allocates on every request.
-        .max_headers(limits.max_header_count.max(100))
         .max_buf_size(limits.max_header_bytes.saturating_mul(2).max(64 * 1024));
+    // Left unset, hyper takes 100 into a buffer on the stack; set (even to 100),
+    // it fills a buffer of that size on every request (about 1,600 instructions).
+    if limits.max_header_count > 100 {
+        http1.max_headers(limits.max_header_count);
+    }
     builder
         .http2()
         .timer(TokioTimer::new())

@@ -17,6 +17,7 @@ use crate::body::{GateBody, Upstream};
 use crate::exchange::{Shared, UpstreamOutcome};
 use crate::forward::{Forwarder, Peer};
 use crate::problem::GateProblem;
+use crate::upstream::SendError;
 
 /// Forwards an upgrade request and, on 101, joins the two connections.
 pub(crate) async fn pass(
@@ -33,11 +34,13 @@ pub(crate) async fn pass(
         request.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
     let bound = shared.timeouts.upstream();
-    let mut response = match tokio::time::timeout(bound, shared.client.request(request)).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(error)) => {
-            let problem = if error.is_connect() { GateProblem::Unreachable } else { GateProblem::Broke };
-            return problem.response(format!("the upgrade request failed: {error}"));
+    let (mut response, sender) = match tokio::time::timeout(bound, shared.pool.send(request)).await {
+        Ok(Ok(answered)) => answered,
+        Ok(Err(SendError::Connect(error))) => {
+            return GateProblem::Unreachable.response(format!("the upgrade request failed: {error}"));
+        }
+        Ok(Err(SendError::Sent(error))) => {
+            return GateProblem::Broke.response(format!("the upgrade request failed: {error}"));
         }
         Err(_) => return GateProblem::TimedOut.response("the upstream did not answer the upgrade in time"),
     };
@@ -45,8 +48,10 @@ pub(crate) async fn pass(
     if response.status() != StatusCode::SWITCHING_PROTOCOLS {
         let (mut head, body) = response.into_parts();
         crate::forward::strip_hop_by_hop(&mut head.headers);
-        return Response::from_parts(head, GateBody::Upstream(Upstream::new(body, None, shared)));
+        return Response::from_parts(head, GateBody::Upstream(Upstream::new(body, None, sender, shared)));
     }
+    // The connection is the tunnel's now: it never goes back to the pool.
+    drop(sender);
     let upstream_side = hyper::upgrade::on(&mut response);
     tokio::spawn(async move {
         let (Ok(client), Ok(upstream)) = (client_side.await, upstream_side.await) else { return };

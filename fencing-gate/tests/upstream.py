@@ -31,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 
 JOURNAL = sys.argv[1]
 LOCK = threading.Lock()
+CONNECTIONS = iter(range(1, 1 << 62))  # each connection's number, for conn=1
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -38,6 +39,11 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args):
         pass
+
+    def setup(self):
+        super().setup()
+        with LOCK:
+            self.number = next(CONNECTIONS)
 
     def body(self):
         """The request's body, framed by Content-Length or chunked."""
@@ -102,6 +108,9 @@ class Handler(BaseHTTPRequestHandler):
         if "slow_answer" in query:
             return self.slow_answer(token)
         self.answer(200, ("recorded %s\n" % token).encode())
+        if "hangup" in query:
+            self.wfile.flush()
+            self.close_connection = True
 
     def slow_answer(self, token):
         """Answers in two chunks a second apart, then journals ANSWERED."""
@@ -148,6 +157,8 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "text/plain")
         self.send_header("Content-Length", str(len(body)))
+        if "conn" in parse_qs(urlsplit(self.path).query):
+            self.send_header("X-Connection", str(self.number))
         self.end_headers()
         if not head:
             self.wfile.write(body)

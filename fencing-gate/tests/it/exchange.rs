@@ -164,6 +164,28 @@ async fn a_request_the_upstream_received_is_never_sent_again() {
 }
 
 #[tokio::test]
+async fn upstream_connections_are_kept_alive_and_one_the_upstream_closed_is_not_used() {
+    let upstream = Upstream::start();
+    let gate = Gate::one_line(&upstream.url());
+    let a = send(&gate, "POST", "/files/k?conn=1", Some(1), "a").await;
+    let b = send(&gate, "POST", "/files/k?conn=1", Some(1), "b").await;
+    assert_eq!((a.status, b.status), (200, 200), "{a:?} {b:?}");
+    assert_eq!(
+        a.headers["x-connection"], b.headers["x-connection"],
+        "the second write reused the first's connection"
+    );
+    // Answered in full, then the upstream closes that connection without saying so.
+    let c = send(&gate, "POST", "/files/k?conn=1&hangup=1", Some(1), "c").await;
+    assert_eq!(c.status, 200, "{c:?}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let d = send(&gate, "POST", "/files/k?conn=1", Some(1), "d").await;
+    assert_eq!(d.status, 200, "{d:?}");
+    assert_ne!(d.headers["x-connection"], c.headers["x-connection"], "a closed connection was not reused");
+    let bodies: Vec<_> = upstream.writes().into_iter().map(|w| w.body).collect();
+    assert_eq!(bodies, ["a", "b", "c", "d"]);
+}
+
+#[tokio::test]
 async fn a_client_that_leaves_mid_body_leaves_its_key_quarantined() {
     let upstream = Upstream::start();
     let gate = Gate::start(

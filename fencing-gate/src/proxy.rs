@@ -32,6 +32,8 @@ pub(crate) struct ProxyFuture {
     exchange: Option<Exchange>,
     /// Whether the exchange must run to its end if this is dropped (it holds a place).
     fenced: bool,
+    /// Whether it has begun: one dropped before its first poll has sent nothing, and ends there.
+    begun: bool,
     shared: Arc<Shared>,
 }
 
@@ -40,6 +42,7 @@ impl Future for ProxyFuture {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        this.begun = true;
         let exchange = this.exchange.as_mut().expect("polled after completion");
         let response = std::task::ready!(exchange.as_mut().poll(cx));
         this.exchange = None;
@@ -50,8 +53,8 @@ impl Future for ProxyFuture {
 impl Drop for ProxyFuture {
     fn drop(&mut self) {
         let Some(exchange) = self.exchange.take() else { return };
-        if !self.fenced {
-            return; // an unfenced exchange just stops, as a client's request would
+        if !self.fenced || !self.begun {
+            return; // it just stops, as a client's request would; its place, if any, goes with it
         }
         // The client left: the exchange goes on without it, and its response,
         // with the upstream body (which reads itself to the end), is dropped then.
@@ -78,6 +81,6 @@ impl Service<Request<Incoming>> for Proxy {
             None => (Box::pin(exchange::unfenced(task, request)), false),
             Some(place) => (Box::pin(exchange::fenced(task, request, place)), true),
         };
-        ProxyFuture { exchange: Some(exchange), fenced, shared }
+        ProxyFuture { exchange: Some(exchange), fenced, begun: false, shared }
     }
 }

@@ -176,6 +176,57 @@ async fn thresholds_set_the_exit_code_and_say_which_broke() {
     }
     assert_eq!(run.json["violations"].as_array().map(Vec::len), Some(3));
     assert_eq!(f64_at(&run.json, "/targets/1/status_other"), f64_at(&run.json, "/targets/1/requests"));
+    // Nothing was admitted anywhere: no marks are said to be left behind.
+    assert!(!run.stderr.contains("left behind"), "{}", run.stderr);
+    assert_eq!(run.json["left_behind"], Value::Null);
+}
+
+#[tokio::test]
+async fn marks_are_said_to_be_left_behind_only_where_a_fenced_target_took_writes() {
+    let fenced = format!("http://{}", serve(fencing_benches::standin::router(true)).await);
+    let run =
+        fencing_load(&[&["--url", &fenced, "--connections", "2", "--keys", "4"][..], &ONE_SECOND].concat())
+            .await;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(run.stderr.contains("left behind, if the target is fenced: marks on 4 keys"), "{}", run.stderr);
+    assert_eq!(run.json["left_behind"]["keys"], 4);
+}
+
+#[tokio::test]
+async fn an_open_loop_the_target_cannot_keep_up_with_says_so_in_a_sentence() {
+    // One connection to a route that takes 20 ms: at most 50 req/s of the 400 asked.
+    async fn slow() -> &'static str {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        "ok"
+    }
+    let addr = serve(Router::new().route("/logs/{name}", post(slow))).await;
+    let url = format!("http://{addr}");
+    let open =
+        fencing_load(&[&["--url", &url, "--connections", "1", "--rate", "400"][..], &ONE_SECOND].concat())
+            .await;
+    assert_eq!(open.code, Some(0), "{}", open.stderr);
+    assert!(f64_at(&open.json, "/targets/0/missed") > 0.0, "{}", open.stderr);
+    let sentence = "target: the target rate was not reached: 400 req/s asked, ";
+    assert!(open.stderr.contains(&format!("warning: {sentence}")), "{}", open.stderr);
+    let warnings = open.json["warnings"].as_array().unwrap();
+    assert!(warnings.iter().any(|w| w.as_str().unwrap().starts_with(sentence)), "{warnings:?}");
+    // The same route in the closed loop asks for no rate: no such sentence.
+    let closed = fencing_load(&[&["--url", &url, "--connections", "1"][..], &ONE_SECOND].concat()).await;
+    assert_eq!(closed.code, Some(0), "{}", closed.stderr);
+    assert!(!closed.stderr.contains("rate was not reached"), "{}", closed.stderr);
+}
+
+#[tokio::test]
+async fn help_opens_with_what_the_tool_does() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_fencing-load"))
+        .arg("--help")
+        .output()
+        .await
+        .unwrap();
+    assert!(output.status.success());
+    let help = String::from_utf8(output.stdout).unwrap();
+    assert!(help.starts_with("Load-test a fenced HTTP service over loopback"), "{help}");
+    assert!(help.contains("Exit status:") && help.contains("  2   a usage error"), "{help}");
 }
 
 #[tokio::test]

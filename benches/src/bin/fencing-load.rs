@@ -316,11 +316,15 @@ fn report(
     }
     let conclusion = Conclusion {
         invalid: validity::invalid(&outcome.rows, args.max_other_share),
-        warnings: validity::warnings(
-            &outcome.rows,
-            schedules.first().and_then(|s| s.expected_409_share()),
-            args.warn_409_share,
-        ),
+        warnings: [
+            validity::rate_not_reached(&outcome.rows, args.rate),
+            validity::warnings(
+                &outcome.rows,
+                schedules.first().and_then(|s| s.expected_409_share()),
+                args.warn_409_share,
+            ),
+        ]
+        .concat(),
         violations: args.thresholds().judge(&outcome.rows, outcome.ratios.as_ref()),
     };
     for warning in &conclusion.warnings {
@@ -369,7 +373,9 @@ fn left_behind(args: &Args, targets: &Targets, measured: &Measured) -> Option<Le
         return None;
     }
     let (target, row) = targets.list.last().zip(measured.outcome.rows.last())?;
-    (row.answered() > 0).then(|| LeftBehind {
+    // Only a 2xx or a 409 says a fenced target took the key: all 404s (a wrong
+    // route) or no answers say nothing was left.
+    (row.status_2xx + row.status_409 > 0).then(|| LeftBehind {
         keys: args.key_count(),
         first: target.template.expand(0, 0, 0),
         last: target.template.expand(0, 0, args.key_count() - 1),

@@ -38,7 +38,7 @@ Exit status:
 /// Load-test a fenced HTTP service over loopback, against its unfenced baseline:
 /// throughput, latency (open loop: corrected for coordinated omission), thresholds, a plot.
 #[derive(Debug, Clone, Parser)]
-#[command(name = "fencing-load", version, about, after_help = AFTER_HELP)]
+#[command(name = "fencing-load", version, after_help = AFTER_HELP)]
 pub struct Args {
     /// URL of a running fenced target, with an optional path template
     /// (`http://127.0.0.1:8080/api/docs/{key}`; placeholders `{conn}`, `{seq}`, `{key}`),

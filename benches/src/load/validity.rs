@@ -94,3 +94,22 @@ pub fn warnings(rows: &[TargetRow], expected_409: Option<f64>, tolerance: f64) -
     }
     out
 }
+
+/// A plain sentence for each target the open loop could not drive at `rate`
+/// (requests per second in all): slots it never sent, because the target (or the
+/// generator) was too slow. Its latencies are then an overloaded target's.
+#[must_use]
+pub fn rate_not_reached(rows: &[TargetRow], rate: Option<f64>) -> Vec<String> {
+    let Some(rate) = rate else { return Vec::new() };
+    rows.iter()
+        .filter(|row| row.missed > 0)
+        .map(|row| {
+            format!(
+                "{}: the target rate was not reached: {rate:.0} req/s asked, {:.0} req/s sent; {} slots \
+                 were never sent, and the latencies are those of an overloaded target (lower --rate to \
+                 measure it below saturation)",
+                row.target, row.requests_per_s, row.missed
+            )
+        })
+        .collect()
+}

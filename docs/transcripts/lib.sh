@@ -44,6 +44,16 @@ serve() {
   exit 1
 }
 
+# The README's quick start (fencing-layer/examples/quickstart.rs), on 127.0.0.1:3000, not shown.
+quickstart() {
+  "$bin/examples/quickstart" >quickstart.out 2>&1 &
+  echo $! >>"$work/pids"
+  for _ in $(seq 200); do grep -q "listening on" quickstart.out 2>/dev/null && return; sleep 0.05; done
+  echo "the quick start did not start:" >&2
+  cat quickstart.out >&2
+  exit 1
+}
+
 # $1: page; $2: --check or nothing. Runs `session` in $work, with the binaries on PATH.
 transcribe() {
   local page=$1 mode=${2:-}

@@ -14,9 +14,7 @@ session() {
   echo "@@ scenario text"
   scenarios 2>&1
   echo "@@ quickstart"
-  "$bin/examples/quickstart" >quickstart.out 2>&1 &
-  echo $! >>"$work/pids"
-  for _ in $(seq 200); do grep -q "listening on" quickstart.out 2>/dev/null && break; sleep 0.05; done
+  quickstart
   say "curl -si -X PUT localhost:3000/docs/report -H 'Fencing-Token: 7' -d v1"
   echo
   say "curl -si -X PUT localhost:3000/docs/report -H 'Fencing-Token: 6' -d v0"

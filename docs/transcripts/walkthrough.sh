@@ -132,9 +132,7 @@ wait"
   say "curl -s -w '\n' $store/healthz"
 
   echo "@@ quickstart"
-  "$bin/examples/quickstart" >quickstart.out 2>&1 &
-  echo $! >>"$work/pids"
-  for _ in $(seq 200); do grep -q "listening on" quickstart.out 2>/dev/null && break; sleep 0.05; done
+  quickstart
   say "curl -si -X PUT localhost:3000/docs/report -d v1"
   echo
   say "curl -si -X PUT localhost:3000/docs/report -H 'Fencing-Token: abc' -d v1"

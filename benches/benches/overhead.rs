@@ -11,7 +11,7 @@
 //! - `bare`, `noop_layer`: the floor (keys do not apply; `noop_layer/N` repeats the
 //!   no-op row next to the rows at N keys, so each ratio compares neighbours);
 //! - `fenced_hot/N`: a seeded key, its current token (the common case);
-//! - `fenced_lean_hot/N`: the same through a layer with `token_extension(false)`;
+//! - `fenced_extension_hot/N`: the same through a layer with `token_extension(true)`;
 //! - `fenced_raise/N`: a token one higher than the last, every request;
 //! - `fenced_stale/N`: a token below the mark (409, problem+json body);
 //! - `fenced_missing/N`: no token (428);
@@ -25,7 +25,7 @@ use std::cell::Cell;
 
 use common::{any_status, each_request};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
-use fencing_benches::{fenced, fenced_lean, governor, handwritten, noop, request, routes, seeded_store};
+use fencing_benches::{fenced, fenced_extension, governor, handwritten, noop, request, routes, seeded_store};
 use http::Method;
 
 const HOT: &str = "/logs/hot";
@@ -54,14 +54,14 @@ fn overhead(c: &mut Criterion) {
         let others = keys - 1;
         let store = seeded_store(others, 8, &[(HOT, 7), (RAISE, 1), (STALE, 100)]);
         let router = fenced(store.clone());
-        let lean = fenced_lean(store);
+        let extension = fenced_extension(store);
         let id = |name: &str| BenchmarkId::new(name, keys);
         // The no-op layer again, right before the rows it is the floor for, so that a
         // ratio compares runs minutes apart as little as possible on a busy machine.
         group.bench_function(id("noop_layer"), each_request(&runtime, &noop(), hot, any_status));
         group.bench_function(id("fenced_hot"), each_request(&runtime, &router, hot, any_status));
-        group.bench_function(id("fenced_lean_hot"), each_request(&runtime, &lean, hot, any_status));
-        drop(lean);
+        group.bench_function(id("fenced_extension_hot"), each_request(&runtime, &extension, hot, any_status));
+        drop(extension);
         let next = Cell::new(1u64);
         let raise = || {
             next.set(next.get() + 1);

@@ -6,8 +6,8 @@
 //! valgrind --tool=callgrind target/release/examples/hot_loop fenced 200000
 //! ```
 //!
-//! The first argument picks the service (`bare`, `noop`, `fenced`, `fenced_lean`
-//! (the layer with `token_extension(false)`), `fenced_raise`,
+//! The first argument picks the service (`bare`, `noop`, `fenced`, `fenced_extension`
+//! (the layer with `token_extension(true)`), `fenced_raise`,
 //! `verified` (an Ed25519 verifier, equal tokens: it is never asked),
 //! `signed_raise` and `verified_raise` (every request raises with a freshly signed
 //! proof; only the second checks it, so their difference is one verification),
@@ -28,7 +28,7 @@
 use axum::Router;
 use axum::body::Body;
 use fencing_benches::{
-    fenced, fenced_lean, fenced_verified, governor, handwritten, noop, request, routes, seeded_store,
+    fenced, fenced_extension, fenced_verified, governor, handwritten, noop, request, routes, seeded_store,
 };
 use http::{Method, Request};
 use tower::{Service, ServiceExt};
@@ -96,7 +96,7 @@ fn service_named(name: &str, others: usize) -> Option<Router> {
         "bare" => routes(),
         "noop" => noop(),
         "fenced" | "fenced_raise" | "signed_raise" => fenced(seeded_store(others, 1, &[(HOT, 7)])),
-        "fenced_lean" => fenced_lean(seeded_store(others, 1, &[(HOT, 7)])),
+        "fenced_extension" => fenced_extension(seeded_store(others, 1, &[(HOT, 7)])),
         "verified" | "verified_raise" => fenced_verified(seeded_store(others, 1, &[(HOT, 7)]), &SIGNER),
         #[cfg(feature = "metrics")]
         "fenced_metrics" => fenced(seeded_store(others, 1, &[(HOT, 7)])),
@@ -128,7 +128,7 @@ fn service_named(name: &str, others: usize) -> Option<Router> {
 /// Interleaved blocks through every service; the cost over `noop` per round.
 fn compare(rounds: usize, others: usize) {
     const BLOCK: u64 = 20_000;
-    const NAMES: [&str; 6] = ["bare", "noop", "fenced", "fenced_lean", "handwritten", "governor"];
+    const NAMES: [&str; 6] = ["bare", "noop", "fenced", "fenced_extension", "handwritten", "governor"];
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
     let mut routers: Vec<Router> =
         NAMES.iter().map(|name| service_named(name, others).expect("known")).collect();

@@ -79,10 +79,10 @@ pub fn fenced(store: MarkStore) -> Router {
     routes().route_layer(FencingLayer::new().store(store))
 }
 
-/// [`fenced`], with the layer leaving the token out of the request extensions
-/// ([`FencingLayer::token_extension`]`(false)`).
-pub fn fenced_lean(store: MarkStore) -> Router {
-    routes().route_layer(FencingLayer::new().store(store).token_extension(false))
+/// [`fenced`], with the layer also putting the token in the request extensions
+/// ([`FencingLayer::token_extension`]`(true)`; the default before 0.13).
+pub fn fenced_extension(store: MarkStore) -> Router {
+    routes().route_layer(FencingLayer::new().store(store).token_extension(true))
 }
 
 /// [`routes`] fenced with `store` and an [`Ed25519Verifier`](fencing_layer::verify::Ed25519Verifier)

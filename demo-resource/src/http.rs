@@ -132,8 +132,8 @@ impl FromRequest<App> for Write {
         // The route this handler serves (`/logs/{name}`, `/kv/{key}`), with the name in place of its parameter.
         let route = parts.extensions.get::<MatchedPath>().map_or("", MatchedPath::as_str);
         let resource = format!("{}/{name}", &route[..route.rfind('/').unwrap_or_default()]);
-        // The layer puts the token it admitted in the extensions (what `Option<FencingToken>` extracts).
-        let token = parts.extensions.get::<FencingToken>().copied().map(FencingToken::get);
+        // The token the layer admitted this request with (what `Option<FencingToken>` extracts).
+        let token = FencingToken::current().map(FencingToken::get);
         let in_flight = app.enter(&resource);
         let delay = parse_delay(parts.uri.query())?;
         let text = read_text(body).await?;

@@ -23,8 +23,8 @@ use tower::{Layer, service_fn};
 /// The handler: any `Service<Request<Incoming>>` whose response body is `From<Bytes>`
 /// (the layer builds its problem+json rejections from `Bytes`).
 async fn handle(request: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
-    // The layer put the validated token in the extensions; unfenced methods have none.
-    let token = request.extensions().get::<FencingToken>().copied();
+    // The token the layer admitted this request with; unfenced methods have none.
+    let token = FencingToken::current();
     let path = request.uri().path().to_owned();
     let body = request.into_body().collect().await?.to_bytes();
     let text = match token {

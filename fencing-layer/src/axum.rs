@@ -40,7 +40,7 @@ impl<S: Send + Sync> FromRequestParts<S> for FencingToken {
     type Rejection = MissingFencingToken;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        parts.extensions.get::<Self>().copied().ok_or(MissingFencingToken)
+        admitted(parts).ok_or(MissingFencingToken)
     }
 }
 
@@ -48,14 +48,22 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for FencingToken {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<Self>().copied())
+        Ok(admitted(parts))
     }
 }
 
+/// The token the layer admitted this request with: the one it set for the
+/// inner future it is polling ([`FencingToken::current`]), or, for a handler
+/// run outside that poll, the one it put in the extensions
+/// ([`token_extension(true)`](crate::FencingLayer::token_extension)).
+fn admitted(parts: &Parts) -> Option<FencingToken> {
+    FencingToken::current().or_else(|| parts.extensions.get::<FencingToken>().copied())
+}
+
 /// The handler asked for a [`FencingToken`] but no [`FencingLayer`](crate::FencingLayer)
-/// admitted the request: the layer is missing from the route, it was built with
-/// [`token_extension(false)`](crate::FencingLayer::token_extension), or the request was
-/// not fenced (a GET, or a tokenless request under `allow_unfenced`). A server
+/// admitted the request: the layer is missing from the route, the handler runs
+/// outside the layer's inner future (on a task of its own: pass the token along),
+/// or the request was not fenced (a GET, or a tokenless request under `allow_unfenced`). A server
 /// configuration error, answered 500; take `Option<FencingToken>` where
 /// unfenced requests are expected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,9 +72,8 @@ pub struct MissingFencingToken;
 impl std::fmt::Display for MissingFencingToken {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(
-            "the handler needs a fencing token, but no FencingLayer admitted this request \
-             with its token in the extensions: add the layer to this route (without \
-             token_extension(false)), or extract Option<FencingToken>",
+            "the handler needs a fencing token, but no FencingLayer admitted this request: \
+             add the layer to this route, or extract Option<FencingToken>",
         )
     }
 }

@@ -159,7 +159,7 @@ impl Config {
         self.drain_timeout.saturating_add(self.store.write_timeout())
     }
 
-    /// Gives an admitted request its token, in the extensions, unless told not to.
+    /// Puts an admitted request's token in its extensions, when told to.
     #[inline(always)]
     pub(crate) fn insert_token_extension<B>(&self, request: &mut Request<B>, token: FencingToken) {
         if self.token_extension {

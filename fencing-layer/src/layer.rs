@@ -44,7 +44,7 @@ impl FencingLayer {
                 .into_iter()
                 .collect(),
             allow_unfenced: false,
-            token_extension: true,
+            token_extension: false,
             drain_timeout: Self::DEFAULT_DRAIN_TIMEOUT,
             retry_after: Duration::from_secs(1),
             policy: InFlightPolicy::Drain,
@@ -108,33 +108,33 @@ impl<E: Clone, R: Clone> FencingLayer<E, R> {
         self.with(|s| s.allow_unfenced = allow)
     }
 
-    /// Whether an admitted request carries its token into the inner service in
-    /// the request extensions (default `true`), where the [`FencingToken`]
-    /// extractor, `Extension<FencingToken>` and `extensions().get()` find it.
+    /// Whether an admitted request also carries its token into the inner
+    /// service in the request extensions (default `false`), for
+    /// `Extension<FencingToken>` or code that reads `extensions().get()`.
     ///
-    /// Turn it off on routes whose handlers never read the token: the fencing
-    /// is the same, and the insert is most of what the layer costs per request
-    /// (in an axum router the token is a fourth extension, so the map moves to a
-    /// bigger table, and the value is boxed: two allocations; see
-    /// `BENCHMARKS.md`). A handler that asks for the token anyway gets
-    /// [`MissingFencingToken`] (500) with the axum
-    /// feature. The token header itself passes through untouched, so a handler
-    /// that only needs the value can read it there: the layer has checked it.
+    /// Without it the handler still has the token: [`FencingToken::current`]
+    /// (and the axum extractor, which reads it) is the token the layer admitted,
+    /// while the inner future runs. The insert costs about as much as the rest
+    /// of the layer (in an axum router the token is a fourth extension, so the
+    /// map moves to a bigger table, and the value is boxed: two allocations;
+    /// `BENCHMARKS.md`, section 19), so it is off unless asked for.
     ///
     /// ```
-    /// use axum::{Router, routing::put};
-    /// use fencing_layer::FencingLayer;
+    /// use axum::{Extension, Router, routing::put};
+    /// use fencing_layer::{FencingLayer, FencingToken};
     ///
-    /// // The handler only has to be fenced; it does not pass the token on.
+    /// // A handler written against the extensions.
+    /// async fn store(Extension(token): Extension<FencingToken>) -> String {
+    ///     format!("stored under token {token}")
+    /// }
+    ///
     /// let app: Router = Router::new()
-    ///     .route("/counters/{name}", put(|| async { "incremented" }))
-    ///     .route_layer(FencingLayer::new().token_extension(false));
+    ///     .route("/docs/{name}", put(store))
+    ///     .route_layer(FencingLayer::new().token_extension(true));
     /// # let _ = app;
     /// ```
     ///
-    /// [`FencingToken`]: crate::FencingToken
-    #[cfg_attr(feature = "axum", doc = "[`MissingFencingToken`]: crate::axum::MissingFencingToken")]
-    #[cfg_attr(not(feature = "axum"), doc = "[`MissingFencingToken`]: crate::FencingToken")]
+    /// [`FencingToken::current`]: crate::FencingToken::current
     pub fn token_extension(self, insert: bool) -> Self {
         self.with(|s| s.token_extension = insert)
     }

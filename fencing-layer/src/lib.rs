@@ -109,14 +109,17 @@
 //!
 //! # Reading the token in a handler
 //!
-//! The validated token is in the request extensions, so the handler can pass it
-//! on to a store that checks it again (`UPDATE … WHERE fence <= $token`):
+//! While the inner service works on an admitted request, the token it was
+//! admitted with is [`FencingToken::current`], so the handler can pass it on
+//! to a store that checks it again (`UPDATE … WHERE fence <= $token`). With the
+//! `axum` feature `FencingToken` is an extractor that reads it (and
+//! `Option<FencingToken>` one for routes that also serve unfenced requests):
 //!
 //! ```
-//! use axum::{Extension, Router, routing::post};
+//! use axum::{Router, routing::post};
 //! use fencing_layer::{FencingLayer, FencingToken};
 //!
-//! async fn write(Extension(token): Extension<FencingToken>, body: String) -> String {
+//! async fn write(token: FencingToken, body: String) -> String {
 //!     format!("wrote {} bytes under token {token}", body.len())
 //! }
 //!
@@ -124,14 +127,17 @@
 //! # let _ = app;
 //! ```
 //!
-//! With the `axum` feature, `FencingToken` is itself an extractor (and
-//! `Option<FencingToken>` for routes that also serve unfenced requests).
-//!
-//! Routes whose handlers never read the token can leave it out:
-//! [`FencingLayer::token_extension`]`(false)` fences the same way and skips the
-//! insert, which is about half of what the layer costs per request (an axum
-//! request already holds three extensions, so a fourth moves the map to a
-//! bigger table; `BENCHMARKS.md`, section 12).
+//! The layer sets it around each poll of the inner future, on that thread, so
+//! it is the token the layer checked, whatever the layers between do to the
+//! request. Read it in the handler's future (an `async` body, an extractor):
+//! a `Service::call` that reads it before returning its future finds `None`,
+//! and work the handler spawns onto other tasks takes it along as a value.
+//! [`FencingLayer::token_extension`]`(true)` also puts the token in the
+//! request extensions (for `Extension<FencingToken>` or code that reads
+//! extensions); it is off by default because that insert was about half of
+//! what the layer cost per request (an axum request already holds three
+//! extensions, so a fourth moves the map to a bigger table; `BENCHMARKS.md`,
+//! section 19).
 //!
 //! # Durable marks
 //!
@@ -223,6 +229,7 @@ mod methods;
 mod metrics;
 mod rejection;
 pub mod respond;
+mod scope;
 mod service;
 pub mod store;
 mod token;

@@ -127,7 +127,11 @@ where
                 let Some(key) = key_to_watch(config, key, token) else {
                     // The common case, kept in this frame so that the request moves once.
                     config.insert_token_extension(&mut request, token);
-                    return ResponseFuture::inside(self.inner.call(request), Place::new(guard, config));
+                    return ResponseFuture::inside(
+                        self.inner.call(request),
+                        Place::new(guard, config),
+                        token,
+                    );
                 };
                 return ResponseFuture::enter(&mut self.inner, request, token, Some(key), guard, settings);
             }

@@ -403,9 +403,10 @@ fn run(mode: Mode, policy: InFlightPolicy, roles: &[Role], seed: u64) {
     let handler = service_fn(move |request: Request<()>| {
         let checker = Arc::clone(&handler_checker);
         let key: usize = request.uri().path()[2..].parse().unwrap();
-        let token = request.extensions().get::<FencingToken>().expect("a fenced request").get();
         let known: u64 = request.headers()["x-known"].to_str().unwrap().parse().unwrap();
         async move {
+            // Read in the future, which the layer polls with the admitted token.
+            let token = FencingToken::current().expect("a fenced request").get();
             checker.enter(key, token, known);
             let _exit = Exit { checker: Arc::clone(&checker), key, token };
             // Stay inside a little, across task switches, OS yields and spins.

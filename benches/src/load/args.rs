@@ -181,10 +181,10 @@ pub struct Args {
     /// for a profiler.
     #[arg(long, conflicts_with = "url")]
     pub only: Option<String>,
-    /// In-process only: the fenced stand-in's layer leaves the token out of the
-    /// request extensions (`FencingLayer::token_extension(false)`).
+    /// In-process only: the fenced stand-in's layer also puts the token in the
+    /// request extensions (`FencingLayer::token_extension(true)`).
     #[arg(long, conflicts_with = "url")]
-    pub no_token_extension: bool,
+    pub token_extension: bool,
     /// Send nothing: serve the fenced stand-in on this loopback address (`127.0.0.1:18090`)
     /// for `--duration` seconds, for another load generator (wrk, say) to measure the
     /// same server that `--url http://ADDR` measures.

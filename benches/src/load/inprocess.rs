@@ -22,7 +22,7 @@ pub fn targets(
     args: &Args,
     key_prefix: &str,
 ) -> Result<Vec<Target>, Box<dyn std::error::Error>> {
-    let layer = fencing_layer::FencingLayer::new().token_extension(!args.no_token_extension);
+    let layer = fencing_layer::FencingLayer::new().token_extension(args.token_extension);
     let mut routers = vec![
         ("unfenced", crate::standin::router(false)),
         ("fenced", crate::standin::router_with(Some(layer))),
@@ -71,7 +71,7 @@ pub fn serve_fenced_at(
     if !addr.ip().is_loopback() {
         return Err(format!("--serve-only {addr}: not a loopback address; refusing").into());
     }
-    let layer = fencing_layer::FencingLayer::new().token_extension(!args.no_token_extension);
+    let layer = fencing_layer::FencingLayer::new().token_extension(args.token_extension);
     Ok(serve_on(runtime, crate::standin::router_with(Some(layer)), addr)?)
 }
 

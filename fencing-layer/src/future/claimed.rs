@@ -20,6 +20,7 @@ use crate::config::Settings;
 use crate::metrics::InsideCount;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
+use crate::scope;
 use crate::store::{SharedAdmission, SharedPermit, SharedRefusal, StoreError};
 use crate::token::FencingToken;
 use crate::verify::Verification;
@@ -93,7 +94,7 @@ where
     if place.permit.poll_revoked(cx).is_ready() {
         return Poll::Ready(Step::Done(Ok(claim_lost(place))));
     }
-    let output = ready!(future.poll(cx));
+    let output = ready!(scope::poll_with(Some(place.token), future, cx));
     // The handler may have run past its claim without yielding (a blocked
     // thread cannot be dropped): what it made is not a success.
     if output.is_ok() && !place.permit.still_held(cx) {

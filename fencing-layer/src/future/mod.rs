@@ -56,6 +56,7 @@ use crate::grpc::is_grpc;
 use crate::metrics::InsideCount;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
+use crate::scope;
 use crate::store::admission::{Admission, InsideGuard, KeyState};
 use crate::store::{SharedPermit, SharedRefusal};
 use crate::token::FencingToken;
@@ -82,11 +83,13 @@ pin_project! {
     where
         S: Service<Request<B>>,
     {
-        // Admitted (or unfenced): the inner future, and the place it holds.
+        // Admitted (or unfenced): the inner future, the place it holds, and the
+        // token it was admitted with (current while it is polled).
         Inside {
             #[pin]
             future: S::Future,
             place: Option<Place>,
+            token: Option<FencingToken>,
         },
         // Admitted under the cancel policy. Field order matters: the inner future
         // is dropped before the guard (in `watch`) lets the next holder in. Boxed,
@@ -155,13 +158,13 @@ where
     R: RejectionResponder<ResBody>,
 {
     pub(crate) fn unfenced(future: S::Future) -> Self {
-        Self::from(Kind::Inside { future, place: None })
+        Self::from(Kind::Inside { future, place: None, token: None })
     }
 
     /// An admitted request's inner future.
     #[inline(always)]
-    pub(crate) fn inside(future: S::Future, place: Place) -> Self {
-        Self { kind: Kind::Inside { future, place: Some(place) } }
+    pub(crate) fn inside(future: S::Future, place: Place, token: FencingToken) -> Self {
+        Self { kind: Kind::Inside { future, place: Some(place), token: Some(token) } }
     }
 
     /// Answers `rejection` to the request with `headers`.
@@ -273,11 +276,15 @@ where
         let config = &settings.config;
         config.insert_token_extension(&mut request, token);
         match key {
-            None => Self::Inside { future: inner.call(request), place: Some(Place::new(guard, config)) },
+            None => Self::Inside {
+                future: inner.call(request),
+                place: Some(Place::new(guard, config)),
+                token: Some(token),
+            },
             Some(_) if config.hand_over => {
                 let held = HeldPlace::local(Place::new(guard, config), token);
                 request.extensions_mut().insert(held);
-                Self::Inside { future: inner.call(request), place: None }
+                Self::Inside { future: inner.call(request), place: None, token: Some(token) }
             }
             Some(key) => watched::enter(inner, request, token, key, guard, settings),
         }
@@ -298,7 +305,7 @@ where
         config.insert_token_extension(&mut request, token);
         if config.hand_over {
             request.extensions_mut().insert(HeldPlace::shared(permit, token, config));
-            return Self::Inside { future: inner.call(request), place: None };
+            return Self::Inside { future: inner.call(request), place: None, token: Some(token) };
         }
         let grpc = is_grpc(request.headers());
         let future = inner.call(request);
@@ -320,8 +327,8 @@ where
         let mut kind = self.project().kind;
         // The hot path, in a frame of its own: the other states' steps, out of line,
         // would give it their stack frame and saved registers on every poll.
-        if let KindProj::Inside { future, .. } = kind.as_mut().project() {
-            return leave_when_ready(future.poll(cx), kind);
+        if let KindProj::Inside { future, token, .. } = kind.as_mut().project() {
+            return leave_when_ready(scope::poll_with(*token, future, cx), kind);
         }
         poll_states(kind, cx)
     }
@@ -354,7 +361,9 @@ where
 {
     loop {
         let step = match kind.as_mut().project() {
-            KindProj::Inside { future, .. } => return leave_when_ready(future.poll(cx), kind),
+            KindProj::Inside { future, token, .. } => {
+                return leave_when_ready(scope::poll_with(*token, future, cx), kind);
+            }
             KindProj::SharedInside { future, place } => ready!(claimed::poll_inside(future, place, cx)),
             KindProj::Watched { future, watch } => ready!(watched::poll(future, watch.as_mut(), cx)),
             KindProj::Admitting { waiting } => ready!(admitting::poll(waiting.as_mut(), cx)),

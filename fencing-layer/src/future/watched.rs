@@ -18,6 +18,7 @@ use crate::grpc::is_grpc;
 use crate::metrics::InsideCount;
 use crate::rejection::Rejection;
 use crate::respond::RejectionResponder;
+use crate::scope;
 use crate::store::admission::InsideGuard;
 use crate::store::sync::OwnedNotified;
 use crate::token::FencingToken;
@@ -94,5 +95,5 @@ where
             }
         }
     }
-    Poll::Ready(Step::Done(ready!(future.poll(cx))))
+    Poll::Ready(Step::Done(ready!(scope::poll_with(Some(*watching.token), future, cx))))
 }

@@ -40,10 +40,10 @@ where
 {
     let writes = Writes::default();
     let record = writes.clone();
-    let handler = move |Path(name): Path<String>, token: Option<axum::Extension<FencingToken>>| {
+    let handler = move |Path(name): Path<String>, token: Option<FencingToken>| {
         let record = record.clone();
         async move {
-            record.0.lock().unwrap().push((name, token.map(|t| t.0.get())));
+            record.0.lock().unwrap().push((name, token.map(FencingToken::get)));
             "ok"
         }
     };
@@ -192,7 +192,7 @@ impl Probe {
         R: RejectionResponder<Body> + Clone + Send + Sync + 'static,
     {
         let probe = self.clone();
-        let handler = move |Path(key): Path<u64>, axum::Extension(token): axum::Extension<FencingToken>| {
+        let handler = move |Path(key): Path<u64>, token: FencingToken| {
             let probe = probe.clone();
             async move {
                 let token = token.get();

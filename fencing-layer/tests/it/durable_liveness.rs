@@ -312,20 +312,19 @@ async fn durable_path_stress_with_drops_and_panics_never_strands_a_token() {
     let (handler_ledger, chaos, calls) =
         (Arc::clone(&ledger), Arc::new(AtomicBool::new(true)), Arc::new(AtomicUsize::new(0)));
     let handler_chaos = Arc::clone(&chaos);
-    let handler =
-        move |axum::extract::Path(key): axum::extract::Path<u64>,
-              axum::Extension(token): axum::Extension<fencing_layer::FencingToken>| {
-            let (ledger, chaos, calls) =
-                (Arc::clone(&handler_ledger), Arc::clone(&handler_chaos), Arc::clone(&calls));
-            async move {
-                ledger.enter(key, token.get());
-                let _leave = Leave(&ledger, key);
-                let call = calls.fetch_add(1, Ordering::SeqCst) as u64;
-                tokio::time::sleep(Duration::from_micros(call % 13 * 100)).await;
-                assert!(call % 7 != 3 || !chaos.load(Ordering::SeqCst), "the handler panicked (on purpose)");
-                "ok"
-            }
-        };
+    let handler = move |axum::extract::Path(key): axum::extract::Path<u64>,
+                        token: fencing_layer::FencingToken| {
+        let (ledger, chaos, calls) =
+            (Arc::clone(&handler_ledger), Arc::clone(&handler_chaos), Arc::clone(&calls));
+        async move {
+            ledger.enter(key, token.get());
+            let _leave = Leave(&ledger, key);
+            let call = calls.fetch_add(1, Ordering::SeqCst) as u64;
+            tokio::time::sleep(Duration::from_micros(call % 13 * 100)).await;
+            assert!(call % 7 != 3 || !chaos.load(Ordering::SeqCst), "the handler panicked (on purpose)");
+            "ok"
+        }
+    };
     let layer = FencingLayer::new().store(log.store(HOUR)).drain_timeout(HOUR);
     let router = axum::Router::new().route("/r/{key}", axum::routing::post(handler)).route_layer(layer);
 

@@ -162,7 +162,7 @@ async fn the_next_holder_enters_only_after_the_dropped_handler_is_gone() {
     let log = Arc::new(Mutex::new(Vec::new()));
     let (started, entered) = std::sync::mpsc::channel();
     let record = log.clone();
-    let handler = move |axum::Extension(token): axum::Extension<fencing_layer::FencingToken>| {
+    let handler = move |token: fencing_layer::FencingToken| {
         let (log, started) = (record.clone(), started.clone());
         async move {
             if token.get() == 1 {

@@ -64,7 +64,7 @@ fn run(steps: &[Step], layer: Option<FencingLayer>) -> (Vec<Event>, Vec<(StatusC
     let record = history.clone();
     let handler = move |Path(key): Path<u64>, request: Request<Body>| {
         let record = record.clone();
-        let token = request.extensions().get::<FencingToken>().map_or_else(
+        let token = FencingToken::current().map_or_else(
             || request.headers()["fencing-token"].to_str().unwrap().parse().unwrap(),
             |t| t.get(),
         );

@@ -79,7 +79,7 @@ pub use http::MAX_BODY_BYTES;
 pub use running::{Running, Served};
 pub use server::RunningService;
 pub use service::{LockService, MAX_NAME_BYTES};
-pub use shutdown::shutdown_signal;
+pub use shutdown::{Signal, shutdown_signal};
 
 #[cfg(test)]
 mod tests;

@@ -116,7 +116,12 @@ async fn run(cli: Serve) -> Result<(), Box<dyn std::error::Error>> {
     let addr = listener.local_addr()?;
     tracing::info!(%addr, data_dir = %cli.data_dir.display(), max_leases = cli.max_leases, "lock service listening");
     println!("listening on {addr}");
-    service.serve(listener, shutdown_signal()).await?;
+    service
+        .serve(listener, async {
+            let signal = shutdown_signal().await;
+            tracing::info!("{signal}: shutting down")
+        })
+        .await?;
     tracing::info!("stopped");
     Ok(())
 }

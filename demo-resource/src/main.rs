@@ -278,7 +278,8 @@ async fn serve(args: Serve) -> Result<(), Box<dyn std::error::Error>> {
     // One signal stops both listeners.
     let (stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
-        shutdown_signal().await;
+        let signal = shutdown_signal().await;
+        tracing::info!("{signal}: shutting down");
         let _ = stop.send(true);
     });
     let until_stopped = move || {

@@ -5,10 +5,13 @@
     coverage.py --list     # prints the list file as it would be today
 
 A block between `<!-- transcript: SCRIPT ... -->` and `<!-- end of transcript -->` is written
-by SCRIPT and checked in CI (`SCRIPT --check`). Any other ```console block must be named in
+by SCRIPT and checked in CI (`SCRIPT --check`). Any other console block must be named in
 docs/transcripts/not-yet-checked.txt (page and first line), the blocks still written by hand:
 the list may only shrink, so a new hand-written session fails here, as does a listed block that
 is gone or has become a transcript (take it off the list).
+
+A console block is a ```console fence, or any other fence (```text, ```sh, none...) with a
+line that starts with `$ ` (a prompt): a session shown under another name is one too.
 """
 import glob
 from collections import Counter
@@ -21,21 +24,22 @@ LIST = os.path.join(ROOT, "docs", "transcripts", "not-yet-checked.txt")
 
 def blocks(path):
     """(first line, made by a script) for each console block of the page."""
-    found, script, fence = [], None, None
+    found, script, fence, body = [], None, None, []
     with open(path, encoding="utf-8") as f:
         lines = f.read().split("\n")
-    for i, line in enumerate(lines):
-        if line.startswith("<!-- transcript: "):
+    for line in lines:
+        if fence is None and line.startswith("<!-- transcript: "):
             script = line
-        elif line == "<!-- end of transcript -->":
+        elif fence is None and line == "<!-- end of transcript -->":
             script = None
         elif fence is None and line.startswith("```"):
-            fence = line[3:].strip()
-            if fence == "console":
-                first = lines[i + 1] if i + 1 < len(lines) else ""
-                found.append((first, script is not None))
+            fence, body = line[3:].strip(), []
         elif fence is not None and line.startswith("```"):
+            if fence == "console" or any(row.startswith("$ ") for row in body):
+                found.append((body[0] if body else "", script is not None))
             fence = None
+        elif fence is not None:
+            body.append(line)
     return found
 
 

@@ -28,6 +28,33 @@ VOLATILE = [
     (re.compile(r"^\[\d+\] \d+$", re.M), "[JOB] PID"),
     (re.compile(r"(?m)^(real|user|sys)\t\d+m[\d.]+s$"), r"\1\tDURATION"),
     (re.compile(r"(?m)^[0-9]+\.[0-9]+ [0-9]+\.[0-9]+ "), "START END "),
+    # The lock service's time left on a held lock (docs/lock-service.md), counted in ms.
+    (re.compile(r'(?<="expires_in_ms":)\d+\b'), "MS"),
+    (re.compile(r"(?<= for another )\d+(?= ms)"), "MS"),
+    # How long demo-resource's one fsync took (docs/metrics.md): the buckets it fell in, its sum.
+    (re.compile(r'(?m)^(fencing_durable_record_seconds_bucket\{layer="demo-resource",le="[0-9.]+"\}) [01]$'), r"\1 N"),
+    (re.compile(r'(?m)^(fencing_durable_record_seconds_sum\{layer="demo-resource"\}) [0-9.e-]+$'), r"\1 SECONDS"),
+    # The key pair `demo-lock-service keygen` makes afresh (docs/authenticity.md), and so the
+    # proof the lock service signs a grant with.
+    (re.compile(r"(?m)(?<=^public key: lock\.pub \()[A-Za-z0-9_-]{43}(?=\)$)"), "PUBLIC_KEY"),
+    (re.compile(r'(?<=grants are signed public_key=")[A-Za-z0-9_-]{43}(?=")'), "PUBLIC_KEY"),
+    (re.compile(r'(?<="proof":")[A-Za-z0-9_-]{86}(?=")'), "PROOF"),
+    # How long a write waited for a raise (docs/replicas.md: curl -w '%{http_code} after %{time_total}s').
+    (re.compile(r"(?m)^(\d{3} after )\d+\.\d+s$"), r"\1SECONDS"),
+    # An etcd claim's grant number (docs/replicas.md, etcdctl get): a replica's count of grant
+    # tries, which grows with each retry of a waiting raise.
+    (re.compile(r"(?m)^(\d{20}) \d{20}$"), r"\1 GRANT"),
+    # The port curl connected from, in demo-resource's admin-reset log line (docs/operating-marks.md).
+    (re.compile(r'(?<=through the admin routes )(.*) peer="127\.0\.0\.1:\d+"'), r'\1 peer="127.0.0.1:PORT"'),
+    # How long etcdctl's health check took to commit (docs/token-sources.md: etcdctl endpoint health).
+    (re.compile(r"(?<=is healthy: successfully committed proposal: took = )[\d.]+[µm]?s\b"), "DURATION"),
+    # The etcd lease id the etcd_lock example prints (docs/etcd.md): etcd makes it from the time.
+    (re.compile(r"(?<=, etcd lease )[0-9a-f]{16}(?=, granted ttl )"), "LEASEID"),
+    # How soon after the lease's loss client_layer's in-flight write was cancelled (docs/integrating.md).
+    (re.compile(r"\(\d+(?:\.\d+)?(?:ns|µs|ms|s) after the loss\)"), "(DURATION after the loss)"),
+    # The lock service's seconds until its earliest lease expires (docs/authenticity.md, a
+    # full table): 30 s leases, one second less if the session ran slow.
+    (re.compile(r"(?m)^(retry-after: )(?:29|30)$"), r"\1SECONDS"),
 ]
 
 

@@ -11,11 +11,7 @@
 # as the page says). Uses the debug binaries the test step builds, or those in $FENCING_BIN.
 source "$(dirname "$0")/lib.sh"
 demo=/tmp/fencing-demo
-if [[ -e $demo ]]; then
-  echo "$demo exists: the walkthrough's session starts from nothing there; move it away" >&2
-  exit 1
-fi
-trap 'cleanup; rm -rf "$demo"' EXIT
+claim_path "$demo"
 locks=http://127.0.0.1:7000
 store=http://127.0.0.1:8080
 
@@ -23,7 +19,7 @@ store=http://127.0.0.1:8080
 say_as() {
   printf '$ %s\n' "$1"
   local status=0
-  bash -c "$2" 2>&1 || status=$?
+  bash -c "$2" 2>&1 9>&- || status=$?
   if [[ $status != 0 ]]; then printf 'exit %d\n' "$status"; fi
 }
 

@@ -250,7 +250,12 @@ async fn payments(args: PaymentsArgs) -> Result<(), Box<dyn std::error::Error>> 
     let addr = listener.local_addr()?;
     tracing::info!(%addr, pid = std::process::id(), "payment provider stand-in listening");
     println!("listening on {addr}");
-    scenarios::payments::Provider::default().serve(listener, shutdown_signal()).await?;
+    scenarios::payments::Provider::default()
+        .serve(listener, async {
+            let signal = shutdown_signal().await;
+            tracing::info!("{signal}: shutting down")
+        })
+        .await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -220,8 +220,9 @@ pub enum TokenSource {
         ca_file: Option<PathBuf>,
     },
     /// A ZooKeeper ensemble at `cluster` (`host:port,…`): a lock is an ephemeral znode
-    /// under `/fencing/locks`, a token its czxid. A's 200 ms TTL becomes the server's
-    /// minimum session timeout (2 ticks: 4 s by default), so the runs take longer.
+    /// under `/fencing/locks`, a token its czxid. A asks for 2 s (a session must connect
+    /// within its timeout), which the server raises to its minimum session timeout (2
+    /// ticks: 4 s by default), so the runs take longer.
     ZooKeeper {
         /// `host:port[,host:port…]`.
         cluster: String,
@@ -287,6 +288,17 @@ impl Locks {
             Locks::Redis(c) => c.lock_status(name).await,
             #[cfg(feature = "zookeeper")]
             Locks::ZooKeeper(c) => c.lock_status(name).await,
+        }
+    }
+
+    /// A's lease. ZooKeeper's is 2 s: a new session must connect within its own
+    /// timeout, TLS handshake included, which a loaded JVM misses at 200 ms (and the
+    /// server makes it at least 2 ticks, 4 s by default, anyway).
+    fn a_ttl(&self) -> Duration {
+        match self {
+            #[cfg(feature = "zookeeper")]
+            Locks::ZooKeeper(_) => Duration::from_secs(2),
+            _ => A_TTL,
         }
     }
 
@@ -462,7 +474,8 @@ async fn stale_after_newer(
     }
 
     // A acquires, then is paused: a raw grant, so no keepalive runs for it either.
-    let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
+    let a =
+        clients.locks.acquire(name, "A", clients.locks.a_ttl()).await.map_err(|e| fail("A acquires", e))?;
     record.note(Happening::Granted { holder: Holder::A, token: a.token });
     wait_until_expired(clients, name).await?;
     record.note(Happening::Expired { holder: Holder::A });
@@ -495,7 +508,8 @@ async fn stale_in_flight(clients: &Clients, config: Config, name: &str) -> Resul
     record.note(Happening::RoundStarted(Round::InFlight));
     let marks = resource.mark_store().cloned().ok_or_else(|| Failure("no mark store".into()))?;
 
-    let a = clients.locks.acquire(name, "A", A_TTL).await.map_err(|e| fail("A acquires", e))?;
+    let a =
+        clients.locks.acquire(name, "A", clients.locks.a_ttl()).await.map_err(|e| fail("A acquires", e))?;
     record.note(Happening::Granted { holder: Holder::A, token: a.token });
     // A sends a slow write while its lease is valid; then A is paused.
     let slow = format!("{url}?delay_ms={MAX_DELAY_MS}");
